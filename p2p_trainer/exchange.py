@@ -1,0 +1,120 @@
+"""The exchange interface: average tensors with a group of peers, as a value, never an exception.
+
+Every method in ALGORITHMS.md reduces its communication to one primitive: "average these tensors
+with a group, blocking or in the background, with weights and a timeout". Backends implement
+`Exchange`; the in-process backend (`inprocess.py`) and the hivemind backend (`net/`) plug into
+the same methods and trainer. A failed exchange returns `Failed(reason)` and leaves the caller's
+tensors untouched: results are always new tensors, never in-place edits of the inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+ALL = 0
+"""Group size meaning "every live peer" (an all-reduce)."""
+
+
+@dataclass(frozen=True)
+class Ok:
+    """A completed exchange: `tensors` is the weighted group mean, in the caller's shapes/dtypes."""
+
+    tensors: list[torch.Tensor]
+    group_size: int
+    """How many peers contributed (1 means the peer averaged with nobody)."""
+    total_weight: float
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An exchange that did not complete; the peer carries on with its own tensors."""
+
+    reason: str
+    elapsed_s: float = 0.0
+
+
+ExchangeResult = Ok | Failed
+
+
+@dataclass(frozen=True)
+class ExchangeRequest:
+    """What to average with whom. `tag` separates concurrent exchanges (e.g. "mix1" and "mix2")."""
+
+    tag: str
+    round: int
+    group_size: int = 2
+    """Target group size g; `ALL` (0) means all live peers."""
+    weight: float = 1.0
+    """This peer's weight w_j (ALGORITHMS.md §5), e.g. tokens processed since its last merge."""
+    timeout_s: float = 30.0
+    """Upper bound on the whole exchange, matchmaking included. Nothing waits forever."""
+    gossip_step: int = 0
+    """For k consecutive gossip rounds within one outer round (Mix2's k2): 0, 1, ..."""
+
+
+class PendingExchange(Protocol):
+    """A background exchange started with `Exchange.start`."""
+
+    def done(self) -> bool: ...
+
+    def result(self, timeout_s: float) -> ExchangeResult:
+        """Wait at most `timeout_s` seconds; `Failed` if not done by then (the exchange is abandoned)."""
+        ...
+
+
+class Exchange(Protocol):
+    """A peer's handle on the swarm's averaging. One per peer."""
+
+    @property
+    def peer_index(self) -> int: ...
+
+    def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        """Block until the group mean is known, or `request.timeout_s` passes."""
+        ...
+
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> PendingExchange:
+        """Launch the same exchange in the background and return at once.
+
+        The tensors are snapshotted (copied) before return, so the caller may keep training.
+        """
+        ...
+
+    def num_live_peers(self) -> int:
+        """Peers this one currently believes are alive, itself included."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def valid_weight(weight: float, max_weight: float = math.inf) -> bool:
+    """ALGORITHMS.md §5: weights from the network must be finite, > 0 and within what is possible."""
+    return isinstance(weight, int | float) and math.isfinite(weight) and 0.0 < weight <= max_weight
+
+
+def check_contribution(
+    tensors: Sequence[torch.Tensor], like: Sequence[torch.Tensor], weight: float, max_weight: float = math.inf
+) -> str | None:
+    """Why a peer's contribution must be dropped, or None if it may be merged.
+
+    Checked before anything reaches the model: count, shapes, dtypes, finiteness and weight bounds.
+    """
+    if not valid_weight(weight, max_weight):
+        return f"weight {weight!r} is not finite, positive and <= {max_weight}"
+    if len(tensors) != len(like):
+        return f"{len(tensors)} tensors, expected {len(like)}"
+    for i, (t, ref) in enumerate(zip(tensors, like, strict=True)):
+        if t.shape != ref.shape:
+            return f"tensor {i} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+        if t.dtype != ref.dtype:
+            return f"tensor {i} has dtype {t.dtype}, expected {ref.dtype}"
+        if not bool(torch.isfinite(t).all()):
+            return f"tensor {i} has non-finite values"
+    return None

@@ -73,9 +73,6 @@ class PendingExchange(Protocol):
 class Exchange(Protocol):
     """A peer's handle on the swarm's averaging. One per peer."""
 
-    @property
-    def peer_index(self) -> int: ...
-
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         """Block until the group mean is known, or `request.timeout_s` passes."""
         ...

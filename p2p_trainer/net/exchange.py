@@ -1,0 +1,104 @@
+"""`Exchange` over the network: seeded random groups of the live peers, butterfly averaging.
+
+Groups are derived from (run seed, tag, round, gossip step) and the live set the DHT shows, as in
+the in-process backend, so no matchmaking round-trips are needed and groups change every round.
+The member list is hashed into the exchange key: peers whose views of the swarm differ (a join
+or a death not yet seen by all) simply do not meet, and time out into `Failed` instead of
+mixing inconsistent parts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from p2p_trainer.exchange import ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.groups import group_of, group_seed
+from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+from p2p_trainer.net.transport import Transport
+
+
+def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view(t.shape).to(t.device, t.dtype))
+        offset += t.numel()
+    return out
+
+
+class _Pending:
+    def __init__(self, future: concurrent.futures.Future[ExchangeResult], like: list[torch.Tensor]) -> None:
+        self.future, self.like = future, like
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout_s: float) -> ExchangeResult:
+        try:
+            res = self.future.result(timeout=max(0.0, timeout_s))
+        except concurrent.futures.TimeoutError:
+            return Failed(f"not finished within {timeout_s:.1f} s")
+        if isinstance(res, Ok):
+            return Ok(
+                _unflatten(res.tensors[0], self.like),
+                res.group_size,
+                res.total_weight,
+                res.bytes_sent,
+                res.bytes_received,
+                res.elapsed_s,
+            )
+        return res
+
+
+class NetworkExchange:
+    """Implements `Exchange` for one peer process."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        live_peers: Callable[[], list[str]],
+        run_id: str,
+        seed: int,
+        max_weight: float = math.inf,
+    ) -> None:
+        self.transport, self.live_peers = transport, live_peers
+        self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
+        self.me = transport.peer_id
+
+    def _group(self, request: ExchangeRequest) -> GroupSpec:
+        live = sorted(set(self.live_peers()) | {self.me})
+        seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
+        _, members = group_of(self.me, live, request.group_size, seed)
+        digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
+        key = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/{digest}"
+        return GroupSpec(key=key, members=members, me=self.me, max_weight=self.max_weight)
+
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _Pending:
+        like = [t.detach() for t in tensors]
+        flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
+        group = self._group(request)
+        deadline = time.monotonic() + request.timeout_s
+        if len(group.members) == 1:
+            done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
+            done.set_result(Ok([flat], 1, request.weight))
+            return _Pending(done, like)
+        fut = self.transport.submit(butterfly_average(self.transport, group, flat, request.weight, deadline))
+        return _Pending(fut, like)
+
+    def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        return self.start(tensors, request).result(request.timeout_s + 1.0)
+
+    def num_live_peers(self) -> int:
+        return len(set(self.live_peers()) | {self.me})
+
+    def close(self) -> None:
+        self.transport.close()

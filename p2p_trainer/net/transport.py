@@ -1,0 +1,202 @@
+"""Messages between peers over the hivemind p2p daemon: msgpack headers, raw tensor bytes.
+
+Composes hivemind's public P2P API (a replica of the DHT's daemon, binary stream handlers); the
+sender of every message is the libp2p-authenticated peer id of its stream, never a claimed field.
+An asyncio loop (uvloop) runs in a daemon thread so the training thread never blocks on I/O.
+Received messages wait in a bounded mailbox until the exchange that expects them collects them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgpack
+from hivemind import DHT
+from hivemind.p2p import P2P, PeerID
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_HEADER_BYTES = 16 * 1024
+PROTOCOL = "p2p-trainer/mix/1"
+
+
+class MessageError(ValueError):
+    """A message from the network that is malformed; it is dropped, never merged."""
+
+
+@dataclass(frozen=True)
+class Message:
+    sender: str
+    header: dict[str, Any]
+    payload: bytes
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def decode_header(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_HEADER_BYTES:
+        raise MessageError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for garbage; all mean "malformed"
+        raise MessageError(f"undecodable header: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("key"), str):
+        raise MessageError("header must be a map with a string 'key'")
+    return header
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    """One length-prefixed frame (hivemind's framing), refusing frames over `max_bytes`."""
+    size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+    if size > max_bytes:
+        raise MessageError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    return await reader.readexactly(size)
+
+
+class Mailbox:
+    """Messages by key, waiting for their reader; bounded in entries and bytes (oldest dropped)."""
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 2 << 30) -> None:
+        self._entries: OrderedDict[str, asyncio.Future[Message]] = OrderedDict()
+        self._stamp: dict[str, float] = {}
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._bytes = 0
+
+    def _future(self, key: str) -> asyncio.Future[Message]:
+        fut = self._entries.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._entries[key] = fut
+            self._stamp[key] = time.monotonic()
+        return fut
+
+    def put(self, key: str, message: Message) -> None:
+        fut = self._future(key)
+        if fut.done():
+            logger.debug("duplicate message for %s from %s dropped", key, message.sender)
+            return
+        fut.set_result(message)
+        self._bytes += len(message.payload)
+        self._evict()
+
+    async def get(self, key: str, timeout_s: float) -> Message | None:
+        fut = self._future(key)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
+        except asyncio.TimeoutError:
+            return None
+
+    def discard(self, prefix: str) -> None:
+        """Forget everything under an exchange's key prefix once it is finished."""
+        for key in [k for k in self._entries if k.startswith(prefix)]:
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        fut = self._entries.pop(key)
+        self._stamp.pop(key, None)
+        if fut.done() and not fut.cancelled():
+            self._bytes -= len(fut.result().payload)
+        else:
+            fut.cancel()
+
+    def _evict(self, max_age_s: float = 600.0) -> None:
+        now = time.monotonic()
+        while self._entries and (
+            len(self._entries) > self.max_entries
+            or self._bytes > self.max_bytes
+            or now - self._stamp[next(iter(self._entries))] > max_age_s
+        ):
+            self._drop(next(iter(self._entries)))
+
+
+class Transport:
+    """A peer's messaging endpoint on the DHT's p2p daemon."""
+
+    def __init__(self, dht: DHT, max_payload_bytes: int) -> None:
+        self.max_payload_bytes = max_payload_bytes
+        self.mailbox = Mailbox()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="p2p-transport", daemon=True)
+        self._thread.start()
+        self._handlers: dict[
+            str, Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+        ] = {}
+        self.p2p: P2P = self.run(self._start(dht), timeout_s=60)
+        self.peer_id = self.p2p.peer_id.to_base58()
+
+    async def _start(self, dht: DHT) -> P2P:
+        p2p = await dht.replicate_p2p()
+        await p2p.add_binary_stream_handler(PROTOCOL, self._on_stream)
+        return p2p
+
+    # ----------------------------------------------------------------- running coroutines
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        return self.submit(coro).result(timeout_s)
+
+    # ----------------------------------------------------------------- sending
+    async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), PROTOCOL)
+        try:
+            await P2P.send_raw_data(encode_header(header), writer)
+            await P2P.send_raw_data(payload, writer)
+            await reader.read(1)  # the receiver closes after reading: delivery, not just buffering
+            self.bytes_sent += len(payload)
+        finally:
+            writer.close()
+
+    # ----------------------------------------------------------------- receiving
+    async def add_request_handler(
+        self,
+        protocol: str,
+        handler: Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    ) -> None:
+        async def on_stream(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await handler(info.peer_id.to_base58(), reader, writer)
+            except (MessageError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                logger.warning("request on %s from %s dropped: %s", protocol, info.peer_id, exc)
+            finally:
+                writer.close()
+
+        await self.p2p.add_binary_stream_handler(protocol, on_stream)
+
+    async def _on_stream(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sender = info.peer_id.to_base58()
+        try:
+            header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
+            payload = await read_frame(reader, self.max_payload_bytes)
+            self.bytes_received += len(payload)
+            self.mailbox.put(f"{header['key']}|{sender}", Message(sender, header, payload))
+        except (MessageError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            logger.warning("message from %s dropped: %s", sender, exc)
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
+                await self.p2p.remove_binary_stream_handler(PROTOCOL)
+                await self.p2p.shutdown()
+
+        if self._loop.is_running():
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                self.run(stop(), timeout_s=5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)

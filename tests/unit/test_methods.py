@@ -1,0 +1,134 @@
+"""Method strategies over the in-process backend: each exchange happened and moved members to the mean."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from p2p_trainer import outer
+from p2p_trainer.config import OuterConfig
+from p2p_trainer.groups import group_seed, partition
+from p2p_trainer.inprocess import InProcessSwarm
+from p2p_trainer.methods import OuterState, RoundReport, build_method
+
+
+def _peers(n: int, seed: int = 0) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    g = torch.Generator().manual_seed(seed)
+    start = [torch.randn(4, 3, generator=g), torch.randn(5, generator=g)]
+    fast = [[s + 0.1 * torch.randn(s.shape, generator=g) for s in start] for _ in range(n)]
+    anchors = [[s.clone() for s in start] for _ in range(n)]
+    return anchors, fast
+
+
+def _end_rounds(
+    cfg: OuterConfig, anchors: list[list[torch.Tensor]], fast: list[list[torch.Tensor]]
+) -> tuple[list[OuterState], list[RoundReport]]:
+    n = len(anchors)
+    swarm = InProcessSwarm(n, seed=0)
+    states = [
+        OuterState(anchor=[a.clone() for a in anchors[i]], momentum=[torch.zeros_like(a) for a in anchors[i]])
+        for i in range(n)
+    ]
+    reports = [RoundReport(0) for _ in range(n)]
+    params = [[f.clone() for f in fast[i]] for i in range(n)]
+
+    def work(i: int) -> None:
+        method = build_method(cfg, swarm.exchange(i))
+        method.begin_round(states[i], 1.0)
+        method.end_round(params[i], states[i], 1.0, reports[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for i in range(n):  # θ ← φ after every outer step
+        for p, a in zip(params[i], states[i].anchor, strict=True):
+            torch.testing.assert_close(p, a)
+    return states, reports
+
+
+def test_diloco_round_matches_the_equations_and_peers_agree() -> None:
+    anchors, fast = _peers(3)
+    cfg = OuterConfig.for_method("diloco")
+    states, reports = _end_rounds(cfg, anchors, fast)
+    mean_delta = outer.weighted_mean([outer.pseudo_grad(anchors[0], f) for f in fast], [1.0] * 3)
+    expected, _ = outer.nesterov_outer_step(
+        anchors[0], [torch.zeros_like(a) for a in anchors[0]], mean_delta, 0.7, 0.9
+    )
+    for s, r in zip(states, reports, strict=True):
+        assert r.exchanges[0].ok and r.exchanges[0].group_size == 3 and r.exchanges[0].bytes_sent > 0
+        for a, e in zip(s.anchor, expected, strict=True):
+            torch.testing.assert_close(a, e)
+
+
+def test_noloco_pairs_move_to_their_group_mean() -> None:
+    anchors, fast = _peers(4, seed=1)
+    cfg = OuterConfig.for_method("noloco")
+    states, reports = _end_rounds(cfg, anchors, fast)
+    names = [f"peer{i}" for i in range(4)]
+    for group in partition(names, 2, group_seed(0, "noloco", 0)):
+        idx = [names.index(n) for n in group]
+        mean_fast = outer.weighted_mean([fast[i] for i in idx], [1.0] * len(idx))
+        for i in idx:
+            assert reports[i].exchanges[0].ok and reports[i].exchanges[0].group_size == 2
+            expect, _ = outer.noloco_shortcut_step(
+                anchors[i], [torch.zeros_like(a) for a in anchors[i]], mean_fast, 0.7, 0.5
+            )
+            for a, e in zip(states[i].anchor, expect, strict=True):
+                torch.testing.assert_close(a, e)
+
+
+def test_noloco_general_gamma_exchanges_anchors_too() -> None:
+    anchors, fast = _peers(2, seed=2)
+    anchors[1] = [a + 1.0 for a in anchors[1]]
+    cfg = OuterConfig.for_method("noloco", gamma=0.3)
+    states, _ = _end_rounds(cfg, anchors, fast)
+    descent = outer.weighted_mean(
+        [[f - a for f, a in zip(fast[i], anchors[i], strict=True)] for i in range(2)], [1.0, 1.0]
+    )
+    mean_phi = outer.weighted_mean(anchors, [1.0, 1.0])
+    expect, _ = outer.noloco_outer_step(
+        anchors[0], [torch.zeros_like(a) for a in anchors[0]], descent, mean_phi, 0.7, 0.5, 0.3
+    )
+    for a, e in zip(states[0].anchor, expect, strict=True):
+        torch.testing.assert_close(a, e)
+
+
+def test_factored_mixes_anchors_and_pseudo_gradients() -> None:
+    anchors, fast = _peers(2, seed=3)
+    anchors[1] = [a + 0.5 for a in anchors[1]]
+    cfg = OuterConfig.for_method("factored")
+    states, reports = _end_rounds(cfg, anchors, fast)
+    tags = {e.tag: e for e in reports[0].exchanges}
+    assert tags["mix1"].ok and tags["mix2"].ok
+    mixed_phi = outer.weighted_mean(anchors, [1.0, 1.0])
+    mixed_delta = outer.weighted_mean([outer.pseudo_grad(anchors[i], fast[i]) for i in range(2)], [1.0, 1.0])
+    expect, _ = outer.nesterov_outer_step(
+        mixed_phi, [torch.zeros_like(a) for a in mixed_phi], mixed_delta, 0.7, 0.9
+    )
+    for s in states:
+        for a, e in zip(s.anchor, expect, strict=True):
+            torch.testing.assert_close(a, e)
+
+
+def test_failed_exchange_keeps_own_update() -> None:
+    # Only peer 0 of a 2-peer swarm shows up: the exchange times out and the peer's own Δ is used.
+    anchors, fast = _peers(2, seed=4)
+    swarm = InProcessSwarm(2, seed=0)
+    cfg = OuterConfig.for_method("diloco", exchange_timeout_s=0.2)
+    state = OuterState(
+        anchor=[a.clone() for a in anchors[0]], momentum=[torch.zeros_like(a) for a in anchors[0]]
+    )
+    report = RoundReport(0)
+    params = [f.clone() for f in fast[0]]
+    build_method(cfg, swarm.exchange(0)).end_round(params, state, 1.0, report)
+    assert not report.exchanges[0].ok and "timed out" in report.exchanges[0].reason
+    own = outer.pseudo_grad(anchors[0], fast[0])
+    expect, _ = outer.nesterov_outer_step(
+        anchors[0], [torch.zeros_like(a) for a in anchors[0]], own, 0.7, 0.9
+    )
+    for a, e in zip(state.anchor, expect, strict=True):
+        torch.testing.assert_close(a, e)
+    assert state.round == 1

@@ -89,6 +89,14 @@ def stop_pid(pid: int, grace_s: float) -> None:
         logger.warning("process %d survived SIGKILL", pid)
 
 
+def stop_daemon(daemon: DaemonProcess, grace_s: float) -> None:
+    """Stop a p2pd we started if it still runs (checked by its command line, in case the PID was reused)."""
+    listen_arg = f"-listen=/unix{daemon.socket_paths[0]}"
+    if is_alive(daemon.pid) and listen_arg in _cmdline(daemon.pid):
+        logger.warning("p2pd %d outlived its DHT process; stopping it", daemon.pid)
+        stop_pid(daemon.pid, grace_s)
+
+
 def remove_files(paths: tuple[Path, ...] | list[Path]) -> None:
     for path in paths:
         try:

@@ -101,10 +101,10 @@ def decode_private_key(data: bytes, path: Path) -> nacl.signing.SigningKey:
 
 def _write_new_key(path: Path) -> None:
     """Create the key atomically: write a 0600 temp file in the same directory, then link it into place."""
-    if not path.parent.is_dir():
-        raise IdentityError(
-            f"directory {path.parent} for identity file {path} does not exist; create it first"
-        )
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise IdentityError(f"cannot create directory {path.parent} for identity file {path}: {e}") from None
     data = encode_private_key(nacl.signing.SigningKey.generate())
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from p2p_trainer.net.dht import DHTConfig, start_node
+from p2p_trainer.net.dht import DHTCallTimeout, DHTConfig, NetNode, start_node
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,19 @@ def _format_uptime(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
+class NodeDiedError(RuntimeError):
+    """The node's DHT process or p2pd exited while the node was meant to run."""
+
+
+def _log_status(node: NetNode) -> None:
+    try:
+        peers = str(node.connected_peers())
+    except DHTCallTimeout as e:
+        peers = f"unknown ({e})"
+    uptime = _format_uptime(time.monotonic() - node.started_at)
+    logger.info("bootstrap %s: %s peers connected, up %s", node.peer_id[-8:], peers, uptime)
+
+
 def run_bootstrap(
     config: BootstrapConfig,
     stop_event: threading.Event,
@@ -67,12 +80,11 @@ def run_bootstrap(
         if on_ready is not None:
             on_ready(maddrs)
         while not stop_event.wait(config.status_interval_s):
-            logger.info(
-                "bootstrap %s: %d peers connected, up %s",
-                node.peer_id[-8:],
-                node.connected_peers(),
-                _format_uptime(time.monotonic() - node.started_at),
-            )
+            if not node.is_healthy():
+                raise NodeDiedError(
+                    f"bootstrap node {node.peer_id}: its DHT process or p2pd exited unexpectedly"
+                )
+            _log_status(node)
         logger.info("stopping bootstrap node %s", node.peer_id)
     finally:
         node.shutdown()

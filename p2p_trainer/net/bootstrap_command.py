@@ -16,6 +16,7 @@ from p2p_trainer.net.bootstrap import (
     DEFAULT_IDENTITY_PATH,
     DEFAULT_PORT,
     BootstrapConfig,
+    NodeDiedError,
     initial_peers_args,
     run_bootstrap,
 )
@@ -88,7 +89,7 @@ def bootstrap(
     try:
         config = BootstrapConfig(dht=dht, status_interval_s=status_interval_s)
         run_bootstrap(config, stop_event, on_ready=on_ready)
-    except (AddressError, IdentityError, InitialPeersUnreachable, ValueError) as e:
+    except (AddressError, IdentityError, InitialPeersUnreachable, NodeDiedError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except InterruptedError:
         return

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 _BOOTSTRAP_FAILURES = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
 
 
+class DHTCallTimeout(TimeoutError):
+    """A DHT call did not finish in time (the DHT process or p2pd may have died)."""
+
+
 class InitialPeersUnreachable(RuntimeError):
     """No initial peer answered after all attempts; the message says what was tried and what to check."""
 
@@ -66,6 +70,8 @@ class DHTConfig:
     liveness_ttl_s: float = 15.0
     """Lifetime of a liveness record; after a crash, the identity is free again after this long."""
     shutdown_timeout_s: float = 5.0
+    call_timeout_s: float = 30.0
+    """Upper bound on one DHT call (store, get); past it the call raises `DHTCallTimeout`."""
 
 
 def _next_backoff(config: DHTConfig, attempt: int) -> float:
@@ -98,7 +104,7 @@ def _try_start(config: DHTConfig, identity: NodeIdentity, initial_peers: list[st
         )
     except BaseException:
         # the DHT process has exited; a p2pd that quit on its own leaves its socket file behind
-        processes.remove_stale_sockets(processes.socket_files() - before)
+        processes.remove_stale_sockets(processes.socket_files() - before, identity.path)
         raise
 
 
@@ -142,6 +148,12 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
     if config.announce_host:
         announce_maddr(config.announce_host, config.port)
     identity = load_or_create_identity(config.identity_path)
+    for maddr in config.initial_peers:
+        if maddr.rstrip("/").endswith(f"/p2p/{identity.peer_id}"):
+            raise IdentityInUseError(
+                f"identity {identity.path} (peer id {identity.peer_id}) is the identity of initial peer "
+                f"{maddr}; every node needs its own key: use a different --identity path"
+            )
     lock = IdentityLock(identity)
     lock.acquire()
     try:
@@ -156,6 +168,10 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
         node.shutdown()
         raise
     return node
+
+
+async def _visible_maddrs(_dht: hivemind.DHT, node: Any) -> list[Any]:
+    return list(await node.get_visible_maddrs())
 
 
 async def _connected_peers(_dht: hivemind.DHT, node: Any) -> int:
@@ -189,23 +205,41 @@ class NetNode:
     def daemon_pids(self) -> list[int]:
         return [d.pid for d in self._daemons]
 
+    def is_healthy(self) -> bool:
+        """True while the DHT process and its p2pd both run."""
+        return bool(self.dht.is_alive()) and all(processes.is_alive(pid) for pid in self.daemon_pids)
+
+    def _wait(self, future: Any, what: str, timeout_s: float | None = None) -> Any:
+        """The future's result; gives up when `timeout_s` passes or as soon as the DHT process exits."""
+        deadline = time.monotonic() + (self.config.call_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+            except TimeoutError:
+                if not self.dht.is_alive() or time.monotonic() >= deadline:
+                    future.cancel()
+                    state = "has exited" if not self.dht.is_alive() else "is still running"
+                    raise DHTCallTimeout(f"DHT {what} did not finish (the DHT process {state})") from None
+
     def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> Any:
         with self._calls:
-            return self.dht.store(key, value, expiration_time, subkey=subkey)
+            future = self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
+            return self._wait(future, f"store of {key!r}")
 
     def get(self, key: Any, latest: bool = False) -> Any:
         with self._calls:
-            return self.dht.get(key, latest=latest)
+            return self._wait(self.dht.get(key, latest=latest, return_future=True), f"get of {key!r}")
 
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs (with /p2p/<peer id>) that other nodes can pass as initial peers."""
         with self._calls:
-            return [str(addr) for addr in self.dht.get_visible_maddrs()]
+            future = self.dht.run_coroutine(_visible_maddrs, return_future=True)
+            return [str(addr) for addr in self._wait(future, "address query")]
 
     def connected_peers(self) -> int:
         """How many peers p2pd is connected to now."""
         with self._calls:
-            return int(self.dht.run_coroutine(_connected_peers))
+            return int(self._wait(self.dht.run_coroutine(_connected_peers, return_future=True), "peer count"))
 
     def _liveness(self, state: str) -> records.Liveness:
         return records.Liveness(self.peer_id, self._instance, state, socket.gethostname(), os.getpid())
@@ -244,16 +278,31 @@ class NetNode:
         self._stop_keepalive.set()
         if self._keepalive is not None:
             self._keepalive.join(timeout=self.config.shutdown_timeout_s)
-            try:
-                records.publish_liveness(self, self._liveness("stopped"), self.config.liveness_ttl_s)
-            except Exception as e:  # the live record then expires on its own after liveness_ttl_s
-                logger.warning("could not publish the stopped record: %s", e)
+            self._publish_stopped()
         self.dht.shutdown()
         for daemon in self._daemons:
             processes.stop_daemon(daemon, grace_s=self.config.shutdown_timeout_s)
             processes.remove_files(daemon.socket_paths)
         self._lock.release()
         logger.info("DHT node %s stopped", self.peer_id)
+
+    def _publish_stopped(self) -> None:
+        """Mark the identity free, if the DHT and p2pd still run (a group signal may have stopped them)."""
+        if not self.is_healthy():
+            logger.info("DHT process or p2pd already gone; the liveness record expires on its own")
+            return
+        liveness = self._liveness("stopped")
+        with self._calls:
+            future = self.dht.store(
+                records.liveness_key(self.peer_id),
+                liveness.encode(),
+                records.now() + self.config.liveness_ttl_s,
+                return_future=True,
+            )
+            try:
+                self._wait(future, "store of the stopped record", timeout_s=self.config.shutdown_timeout_s)
+            except Exception as e:  # the live record then expires on its own after liveness_ttl_s
+                logger.warning("could not publish the stopped record: %s", e)
 
     def __enter__(self) -> NetNode:
         return self

@@ -111,7 +111,7 @@ def socket_files() -> set[Path]:
     return set(SOCKET_DIR.glob(_SOCKET_GLOB))
 
 
-def _listening_paths() -> set[str]:
+def listening_paths() -> set[str]:
     """Unix socket paths some live process has bound (from /proc/net/unix)."""
     try:
         lines = Path("/proc/net/unix").read_text().splitlines()[1:]
@@ -120,7 +120,21 @@ def _listening_paths() -> set[str]:
     return {fields[-1] for fields in (line.split() for line in lines) if len(fields) >= 8}
 
 
-def remove_stale_sockets(appeared: set[Path]) -> None:
-    """Remove sockets from `appeared` (files new since our start attempt) that nobody listens on."""
-    live = _listening_paths()
+def daemons_using_key(key_path: Path) -> list[int]:
+    """PIDs of p2pd processes started with `-id=<key_path>` (only ours: the key is flock'ed)."""
+    wanted = f"-id={key_path}"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and wanted in _cmdline(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def remove_stale_sockets(appeared: set[Path], key_path: Path, timeout_s: float = 5.0) -> None:
+    """After a failed start: wait for our p2pd to exit, then remove the files from `appeared`
+    (new since the attempt began) that no live process listens on."""
+    deadline = time.monotonic() + timeout_s
+    while any(is_alive(pid) for pid in daemons_using_key(key_path)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    live = listening_paths()
     remove_files(sorted(path for path in appeared if str(path) not in live))

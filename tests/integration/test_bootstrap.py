@@ -10,14 +10,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
 from p2p_trainer.net import processes, records
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.identity import IdentityInUseError
+from p2p_trainer.net.join import join_swarm
+from p2p_trainer.net.records import RunDefinitionMismatch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,8 +58,12 @@ def _read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
     return proc.stdout.readline()
 
 
+class Launch(Protocol):
+    def __call__(self, *args: str, wait_ready: bool = ...) -> Bootstrap: ...
+
+
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[object]:
+def launch(tmp_path: Path) -> Iterator[Launch]:
     started: list[Bootstrap] = []
 
     def _launch(*args: str, wait_ready: bool = True) -> Bootstrap:
@@ -93,11 +100,9 @@ def launch(tmp_path: Path) -> Iterator[object]:
             node.proc.stdout.close()
 
 
-def _peer(tmp_path: Path, name: str, initial_peers: list[str], **overrides: object) -> NetNode:
-    config = DHTConfig(
-        identity_path=str(tmp_path / f"{name}.key"), host="127.0.0.1", initial_peers=tuple(initial_peers)
-    )
-    return start_node(DHTConfig(**{**config.__dict__, **overrides}))  # type: ignore[arg-type]
+def _peer(tmp_path: Path, name: str, initial_peers: list[str]) -> NetNode:
+    key = str(tmp_path / f"{name}.key")
+    return start_node(DHTConfig(identity_path=key, host="127.0.0.1", initial_peers=tuple(initial_peers)))
 
 
 def _wait_for_peers(node: NetNode, run: str, expected: set[str], timeout_s: float = 10.0) -> set[str]:
@@ -109,7 +114,7 @@ def _wait_for_peers(node: NetNode, run: str, expected: set[str], timeout_s: floa
     return seen
 
 
-def test_peers_joining_two_bootstrap_nodes_see_each_others_heartbeats(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_peers_joining_two_bootstrap_nodes_see_each_others_heartbeats(launch: Launch, tmp_path: Path) -> None:
     first = launch("--port", "0", "--identity", "first.key")
     second = launch("--port", "0", "--identity", "second.key", "--initial-peers", first.initial_peers[0])
     peers = [_peer(tmp_path, "a", first.initial_peers), _peer(tmp_path, "b", second.initial_peers)]
@@ -127,7 +132,7 @@ def test_peers_joining_two_bootstrap_nodes_see_each_others_heartbeats(launch, tm
         assert not any(processes.is_alive(pid) for pid in peer.daemon_pids)
 
 
-def test_the_same_identity_twice_is_refused(launch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_identity_twice_is_refused(launch: Launch, tmp_path: Path) -> None:
     first = launch("--port", "0", "--identity", "node.key")
     again = launch("--port", "0", "--identity", "node.key", wait_ready=False)
     assert again.proc.wait(timeout=20) == 1
@@ -146,7 +151,7 @@ def test_the_same_identity_twice_is_refused(launch, tmp_path: Path) -> None:  # 
         peer.shutdown()
 
 
-def test_unreachable_initial_peers_give_an_actionable_error_in_bounded_time(launch) -> None:  # type: ignore[no-untyped-def]
+def test_unreachable_initial_peers_give_an_actionable_error_in_bounded_time(launch: Launch) -> None:
     unreachable = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
     before = processes.socket_files()
     start = time.monotonic()
@@ -171,7 +176,7 @@ def test_unreachable_initial_peers_give_an_actionable_error_in_bounded_time(laun
     assert not stale
 
 
-def test_a_malformed_multiaddr_is_named_with_an_example(launch) -> None:  # type: ignore[no-untyped-def]
+def test_a_malformed_multiaddr_is_named_with_an_example(launch: Launch) -> None:
     node = launch(
         "--port", "0", "--identity", "n.key", "--initial-peers", "127.0.0.1:31337", wait_ready=False
     )
@@ -185,7 +190,7 @@ def test_a_malformed_multiaddr_is_named_with_an_example(launch) -> None:  # type
     [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGTERM, True)],
     ids=["SIGTERM", "SIGINT", "SIGTERM-to-process-group"],
 )
-def test_a_signal_stops_the_bootstrap_cleanly(launch, signum: int, to_group: bool) -> None:  # type: ignore[no-untyped-def]
+def test_a_signal_stops_the_bootstrap_cleanly(launch: Launch, signum: int, to_group: bool) -> None:
     """`to_group`: what `timeout`, systemd or a terminal's Ctrl-C do: p2pd and the DHT process get it too."""
     node = launch("--port", "0", "--identity", "n.key", "--status-interval-s", "0.2")
     commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in node.descendants}
@@ -206,3 +211,23 @@ def test_a_signal_stops_the_bootstrap_cleanly(launch, signum: int, to_group: boo
     assert not [commands[pid] for pid in node.descendants if processes.is_alive(pid)]
     assert not [path for path in node.sockets if path.exists()]
     assert "peers connected, up" in node.stderr()
+
+
+def test_a_peer_with_a_different_run_definition_is_refused(launch: Launch, tmp_path: Path) -> None:
+    boot = launch("--port", "0", "--identity", "boot.key")
+    ours = {"model": {"layers": 4}, "method": "factored", "data": "shakespeare", "seed": 0}
+    config = DHTConfig(
+        identity_path=str(tmp_path / "a.key"), host="127.0.0.1", initial_peers=tuple(boot.initial_peers)
+    )
+    first = join_swarm(config, "run", ours)
+    try:
+        other = replace(config, identity_path=str(tmp_path / "b.key"))
+        with pytest.raises(
+            RunDefinitionMismatch, match=r"method: ours='diloco', swarm's='factored'"
+        ) as raised:
+            join_swarm(other, "run", {**ours, "method": "diloco"})
+        assert "seed" not in str(raised.value)
+        same = join_swarm(other, "run", dict(ours))  # the refused peer left nothing behind: it can join
+        same.shutdown()
+    finally:
+        first.shutdown()

@@ -33,7 +33,7 @@ _PRIVATE_KEY_HEADER = bytes([0x08, _KEY_TYPE_ED25519, 0x12, _SEED_BYTES + _PUBLI
 _PUBLIC_KEY_HEADER = bytes([0x08, _KEY_TYPE_ED25519, 0x12, _PUBLIC_KEY_BYTES])
 _KEY_FILE_BYTES = len(_PRIVATE_KEY_HEADER) + _SEED_BYTES + _PUBLIC_KEY_BYTES
 _IDENTITY_MULTIHASH = 0x00
-_B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
 class IdentityError(RuntimeError):
@@ -60,7 +60,7 @@ def b58encode(data: bytes) -> str:
     digits = []
     while number > 0:
         number, remainder = divmod(number, 58)
-        digits.append(_B58_ALPHABET[remainder])
+        digits.append(B58_ALPHABET[remainder])
     leading_zeros = len(data) - len(data.lstrip(b"\x00"))
     return "1" * leading_zeros + "".join(reversed(digits))
 

@@ -21,10 +21,14 @@ from typing import Any, Protocol
 import msgpack
 from hivemind.utils.timed_storage import get_dht_time
 
+from p2p_trainer.net.identity import B58_ALPHABET
+
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "p2p-trainer"
 MAX_RECORD_BYTES = 4096
+MAX_CLOCK_SKEW_S = 600.0
+"""Heartbeats stamped further ahead of our clock than this are dropped."""
 _MAX_STR = 128
 
 
@@ -121,12 +125,24 @@ class Heartbeat:
         )
 
 
+def _check_heartbeat(heartbeat: Heartbeat) -> Heartbeat:
+    if not set(heartbeat.peer_id) <= set(B58_ALPHABET):
+        raise RecordError(f"peer id {heartbeat.peer_id!r} is not base58")
+    if heartbeat.timestamp > now() + MAX_CLOCK_SKEW_S:
+        raise RecordError(f"timestamp {heartbeat.timestamp:.0f} is more than {MAX_CLOCK_SKEW_S:.0f} s ahead")
+    return heartbeat
+
+
 def heartbeat_key(run_name: str) -> str:
     return f"{KEY_PREFIX}/{run_name}/peers"
 
 
 def publish_heartbeat(dht: DHTLike, run_name: str, heartbeat: Heartbeat, ttl_s: float) -> bool:
-    """Store `heartbeat` under the run's peers key (subkey = peer id), expiring `ttl_s` from now."""
+    """Store `heartbeat` under the run's peers key (subkey = peer id), expiring `ttl_s` from now.
+
+    Raises `RecordError` if the heartbeat would be dropped by the other peers (e.g. a NaN loss).
+    """
+    _check_heartbeat(Heartbeat.decode(heartbeat.encode()))
     return bool(
         dht.store(heartbeat_key(run_name), heartbeat.encode(), now() + ttl_s, subkey=heartbeat.peer_id)
     )
@@ -145,7 +161,7 @@ def list_live_peers(dht: DHTLike, run_name: str) -> list[Heartbeat]:
     heartbeats = []
     for subkey, entry in entries.items():
         try:
-            heartbeat = Heartbeat.decode(getattr(entry, "value", None))
+            heartbeat = _check_heartbeat(Heartbeat.decode(getattr(entry, "value", None)))
             if heartbeat.peer_id != subkey:
                 raise RecordError(f"peer id {heartbeat.peer_id!r} differs from its subkey")
         except RecordError as e:

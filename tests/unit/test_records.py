@@ -67,6 +67,8 @@ MALFORMED = {
     "missing-version": _raw({k: v for k, v in heartbeat().__dict__.items() if k != "software_version"}),
     "huge": _raw({**heartbeat().__dict__, "software_version": "x" * 5000}),
     "other-peer-id": heartbeat(PEER_B).encode(),
+    "non-base58-peer-id": heartbeat("12D3KooW0OIl").encode(),
+    "far-future": heartbeat(timestamp=records.now() + 3600).encode(),
 }
 
 
@@ -119,3 +121,10 @@ def test_run_definition_digest_is_order_independent_and_checked_on_decode() -> N
 def test_diff_names_added_and_removed_fields() -> None:
     diff = records.diff_run_definitions(RunDefinition({"a": 1}), RunDefinition({"b": 2}))
     assert diff == [("a", 1, "<absent>"), ("b", "<absent>", 2)]
+
+
+def test_publishing_a_heartbeat_others_would_drop_is_refused(dht: hivemind.DHT) -> None:
+    with pytest.raises(records.RecordError, match="loss"):
+        records.publish_heartbeat(dht, "refused", heartbeat(loss=float("nan")), ttl_s=30)
+    with pytest.raises(records.RecordError, match="round"):
+        records.publish_heartbeat(dht, "refused", heartbeat(round=-1), ttl_s=30)

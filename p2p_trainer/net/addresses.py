@@ -1,0 +1,70 @@
+"""Multiaddr checks done before any process starts, so that a typo gives a message, not a p2pd crash."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from hivemind.utils.multiaddr import Multiaddr
+
+EXAMPLE_INITIAL_PEER = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
+_HOST_PROTOCOLS = ("ip4", "ip6", "dns", "dns4", "dns6")
+
+
+class AddressError(ValueError):
+    """A malformed address given by the user; the message names it and shows a good one."""
+
+
+def _protocol_names(addr: Multiaddr) -> list[str]:
+    return [proto.name for proto in addr.protocols()]
+
+
+def validate_initial_peer(value: str) -> str:
+    """Check one `--initial-peers` value: /ip4|ip6|dns*/<host>/tcp/<port>/p2p/<peer id>."""
+    hint = f"expected a multiaddr like {EXAMPLE_INITIAL_PEER} (the value `p2p-trainer bootstrap` prints)"
+    try:
+        addr = Multiaddr(value.strip())
+        names = _protocol_names(addr)
+        peer_id = addr.value_for_protocol("p2p") if "p2p" in names else None
+    except Exception as e:  # multiaddr raises several unrelated types for bad input
+        raise AddressError(f"malformed initial peer {value!r}: {e}; {hint}") from None
+    if not names or names[0] not in _HOST_PROTOCOLS or "tcp" not in names:
+        raise AddressError(
+            f"initial peer {value!r} needs a host (/ip4, /ip6 or /dns) and a /tcp port; {hint}"
+        )
+    if peer_id is None or names[-1] != "p2p":
+        raise AddressError(f"initial peer {value!r} does not end with /p2p/<peer id>; {hint}")
+    if int(addr.value_for_protocol("tcp")) == 0:
+        raise AddressError(
+            f"initial peer {value!r} has port 0; use the port the bootstrap node printed; {hint}"
+        )
+    return str(addr)
+
+
+def validate_initial_peers(values: list[str] | tuple[str, ...]) -> list[str]:
+    """Validate every value; the first bad one raises `AddressError`."""
+    return [validate_initial_peer(value) for value in values]
+
+
+def _ip_protocol(host: str, option: str) -> str:
+    try:
+        return "ip6" if ipaddress.ip_address(host).version == 6 else "ip4"
+    except ValueError:
+        raise AddressError(
+            f"{option} {host!r} is not an IP address; give an IPv4 or IPv6 address, e.g. 0.0.0.0 or 203.0.113.5"
+        ) from None
+
+
+def host_maddr(host: str, port: int) -> str:
+    """The listen multiaddr for `--host`/`--port` (port 0 picks a free port)."""
+    if not 0 <= port <= 65535:
+        raise AddressError(f"--port {port} is out of range; use 0..65535 (0 picks a free port)")
+    return f"/{_ip_protocol(host, '--host')}/{host}/tcp/{port}"
+
+
+def announce_maddr(announce_host: str, port: int) -> str:
+    """The multiaddr other machines should dial (behind NAT or in a container)."""
+    if port == 0:
+        raise AddressError(
+            "--announce-host needs an explicit --port (other machines must know it); e.g. --port 31337"
+        )
+    return f"/{_ip_protocol(announce_host, '--announce-host')}/{announce_host}/tcp/{port}"

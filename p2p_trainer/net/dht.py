@@ -1,0 +1,313 @@
+"""Start and stop a hivemind DHT node with our identity, checked addresses, retries and clean shutdown.
+
+`start_node(config)` returns a `NetNode`: the running `hivemind.DHT` (its own process, which runs
+p2pd), our Ed25519 identity, and the bookkeeping to shut it all down without leaving a p2pd process
+or a socket file. A node's identity is refused if it is live elsewhere: on this machine by a flock
+on `<key>.lock`, across machines by a liveness record in the DHT that the node refreshes while it
+runs and replaces with a `stopped` record when it shuts down cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import hivemind
+
+from p2p_trainer.net import processes, records
+from p2p_trainer.net.addresses import announce_maddr, host_maddr, validate_initial_peers
+from p2p_trainer.net.identity import (
+    IdentityError,
+    IdentityInUseError,
+    IdentityLock,
+    NodeIdentity,
+    load_or_create_identity,
+)
+
+logger = logging.getLogger(__name__)
+
+_BOOTSTRAP_FAILURES = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
+
+
+class DHTCallTimeout(TimeoutError):
+    """A DHT call did not finish in time (the DHT process or p2pd may have died)."""
+
+
+class InitialPeersUnreachable(RuntimeError):
+    """No initial peer answered after all attempts; the message says what was tried and what to check."""
+
+
+@dataclass(frozen=True)
+class DHTConfig:
+    """How to start one DHT node (bootstrap node or training peer)."""
+
+    identity_path: str
+    """Ed25519 key file; created (mode 0600) on first run, reused afterwards."""
+    host: str = "0.0.0.0"
+    """IP address to listen on (0.0.0.0: all interfaces)."""
+    port: int = 0
+    """TCP port to listen on; 0 picks a free one (then --announce-host cannot be used)."""
+    announce_host: str | None = None
+    """Address other machines should dial, for nodes behind NAT or in containers."""
+    initial_peers: tuple[str, ...] = ()
+    """Multiaddrs of running nodes to join (what `p2p-trainer bootstrap` prints); empty starts a swarm."""
+    connect_attempts: int = 4
+    """How many times to try the initial peers before giving up."""
+    backoff_initial_s: float = 1.0
+    """Wait after the first failed attempt; doubles after each further one."""
+    backoff_max_s: float = 16.0
+    startup_timeout_s: float = 15.0
+    """Upper bound on p2pd's own start."""
+    liveness_period_s: float = 5.0
+    """How often the node refreshes its identity's liveness record."""
+    liveness_ttl_s: float = 15.0
+    """Lifetime of a liveness record; after a crash, the identity is free again after this long."""
+    shutdown_timeout_s: float = 5.0
+    call_timeout_s: float = 30.0
+    """Upper bound on one DHT call (store, get); past it the call raises `DHTCallTimeout`."""
+
+
+def _next_backoff(config: DHTConfig, attempt: int) -> float:
+    return float(min(config.backoff_max_s, config.backoff_initial_s * 2**attempt))
+
+
+def _unreachable_message(config: DHTConfig, last_error: str) -> str:
+    tried = ", ".join(config.initial_peers)
+    return (
+        f"none of the initial peers answered after {config.connect_attempts} attempt(s): {tried} "
+        f"(last error: {last_error}). Check that a bootstrap node is running and that these are the "
+        f"exact addresses its `p2p-trainer bootstrap` printed (the /p2p/ peer id changes if its identity "
+        f"file changed); that its TCP port is open in firewalls between the machines; and, if it runs "
+        f"behind NAT or in a container, that it was started with --announce-host and a fixed --port"
+    )
+
+
+def _try_start(config: DHTConfig, identity: NodeIdentity, initial_peers: list[str]) -> hivemind.DHT:
+    announce = [announce_maddr(config.announce_host, config.port)] if config.announce_host else None
+    before = processes.socket_files()
+    try:
+        return hivemind.DHT(
+            initial_peers=initial_peers or None,
+            start=True,
+            host_maddrs=[host_maddr(config.host, config.port)],
+            announce_maddrs=announce,
+            identity_path=str(identity.path),
+            check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check below
+            startup_timeout=config.startup_timeout_s,
+        )
+    except BaseException:
+        # the DHT process has exited; a p2pd that quit on its own leaves its socket file behind
+        processes.remove_stale_sockets(processes.socket_files() - before, identity.path)
+        raise
+
+
+def _start_with_retries(
+    config: DHTConfig, identity: NodeIdentity, stop: threading.Event | None
+) -> hivemind.DHT:
+    initial_peers = validate_initial_peers(config.initial_peers)
+    for attempt in range(config.connect_attempts):
+        try:
+            return _try_start(config, identity, initial_peers)
+        except Exception as e:
+            if not initial_peers or not any(text in str(e) for text in _BOOTSTRAP_FAILURES):
+                raise
+            last_error = str(e).strip().splitlines()[-1]
+            if attempt + 1 == config.connect_attempts:
+                raise InitialPeersUnreachable(_unreachable_message(config, last_error)) from None
+            delay_s = _next_backoff(config, attempt)
+            logger.warning(
+                "no initial peer answered (attempt %d/%d: %s); retrying in %.1f s",
+                attempt + 1,
+                config.connect_attempts,
+                last_error,
+                delay_s,
+            )
+            if stop is not None and stop.wait(delay_s):
+                raise InterruptedError("stopped while waiting to retry the initial peers") from None
+            if stop is None:
+                time.sleep(delay_s)
+    raise AssertionError("unreachable")
+
+
+def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNode:
+    """Start a DHT node; raises `AddressError`, `IdentityError`, `InitialPeersUnreachable`.
+
+    `stop`, when set by a signal handler, interrupts the retry waits.
+    """
+    if config.connect_attempts < 1:
+        raise ValueError(f"connect_attempts must be at least 1, got {config.connect_attempts}")
+    validate_initial_peers(config.initial_peers)
+    host_maddr(config.host, config.port)
+    if config.announce_host:
+        announce_maddr(config.announce_host, config.port)
+    identity = load_or_create_identity(config.identity_path)
+    for maddr in config.initial_peers:
+        if maddr.rstrip("/").endswith(f"/p2p/{identity.peer_id}"):
+            raise IdentityInUseError(
+                f"identity {identity.path} (peer id {identity.peer_id}) is the identity of initial peer "
+                f"{maddr}; every node needs its own key: use a different --identity path"
+            )
+    lock = IdentityLock(identity)
+    lock.acquire()
+    try:
+        dht = _start_with_retries(config, identity, stop)
+    except BaseException:
+        lock.release()
+        raise
+    node = NetNode(dht, identity, lock, config)
+    try:
+        node.claim_identity()
+    except BaseException:
+        node.shutdown()
+        raise
+    return node
+
+
+async def _visible_maddrs(_dht: hivemind.DHT, node: Any) -> list[Any]:
+    return list(await node.get_visible_maddrs())
+
+
+async def _connected_peers(_dht: hivemind.DHT, node: Any) -> int:
+    return len(await node.p2p.list_peers())
+
+
+class NetNode:
+    """A running DHT node with our identity. Implements `records.DHTLike` (calls are serialised)."""
+
+    def __init__(
+        self, dht: hivemind.DHT, identity: NodeIdentity, lock: IdentityLock, config: DHTConfig
+    ) -> None:
+        self.dht = dht
+        self.identity = identity
+        self.config = config
+        self.started_at = time.monotonic()
+        self._lock = lock
+        self._calls = threading.Lock()
+        self._daemons = processes.find_daemons(dht.pid)
+        self._instance = secrets.token_hex(8)
+        self._stop_keepalive = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        self._closed = False
+        logger.info("DHT node %s started (p2pd pids %s)", identity.peer_id, [d.pid for d in self._daemons])
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    @property
+    def daemon_pids(self) -> list[int]:
+        return [d.pid for d in self._daemons]
+
+    def is_healthy(self) -> bool:
+        """True while the DHT process and its p2pd both run."""
+        return bool(self.dht.is_alive()) and all(processes.is_alive(pid) for pid in self.daemon_pids)
+
+    def _wait(self, future: Any, what: str, timeout_s: float | None = None) -> Any:
+        """The future's result; gives up when `timeout_s` passes or as soon as the DHT process exits."""
+        deadline = time.monotonic() + (self.config.call_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+            except TimeoutError:
+                if not self.dht.is_alive() or time.monotonic() >= deadline:
+                    future.cancel()
+                    state = "has exited" if not self.dht.is_alive() else "is still running"
+                    raise DHTCallTimeout(f"DHT {what} did not finish (the DHT process {state})") from None
+
+    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> Any:
+        with self._calls:
+            future = self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
+            return self._wait(future, f"store of {key!r}")
+
+    def get(self, key: Any, latest: bool = False) -> Any:
+        with self._calls:
+            return self._wait(self.dht.get(key, latest=latest, return_future=True), f"get of {key!r}")
+
+    def visible_maddrs(self) -> list[str]:
+        """Multiaddrs (with /p2p/<peer id>) that other nodes can pass as initial peers."""
+        with self._calls:
+            future = self.dht.run_coroutine(_visible_maddrs, return_future=True)
+            return [str(addr) for addr in self._wait(future, "address query")]
+
+    def connected_peers(self) -> int:
+        """How many peers p2pd is connected to now."""
+        with self._calls:
+            return int(self._wait(self.dht.run_coroutine(_connected_peers, return_future=True), "peer count"))
+
+    def _liveness(self, state: str) -> records.Liveness:
+        return records.Liveness(self.peer_id, self._instance, state, socket.gethostname(), os.getpid())
+
+    def claim_identity(self) -> None:
+        """Refuse (`IdentityInUseError`) if another live node holds our key; else announce ours."""
+        reported = self.dht.peer_id.to_base58()
+        if reported != self.peer_id:
+            raise IdentityError(
+                f"p2pd reports peer id {reported}, but {self.identity.path} gives {self.peer_id}"
+            )
+        other = records.find_liveness(self, self.peer_id)
+        if other is not None and other.state == "live" and other.instance != self._instance:
+            raise IdentityInUseError(
+                f"identity {self.identity.path} (peer id {self.peer_id}) is already live in the swarm "
+                f"(host {other.hostname}, pid {other.pid}); stop that node, or give this node its own "
+                f"--identity path. If that node was killed abruptly, its record expires within "
+                f"{self.config.liveness_ttl_s:.0f} s"
+            )
+        records.publish_liveness(self, self._liveness("live"), self.config.liveness_ttl_s)
+        self._keepalive = threading.Thread(target=self._keep_alive, name="liveness", daemon=True)
+        self._keepalive.start()
+
+    def _keep_alive(self) -> None:
+        while not self._stop_keepalive.wait(self.config.liveness_period_s):
+            try:
+                records.publish_liveness(self, self._liveness("live"), self.config.liveness_ttl_s)
+            except Exception as e:  # a failed refresh is retried next period; the node keeps running
+                logger.warning("could not refresh the liveness record: %s", e)
+
+    def shutdown(self) -> None:
+        """Release the identity, stop the DHT process and p2pd (by PID) and remove their socket files."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_keepalive.set()
+        if self._keepalive is not None:
+            self._keepalive.join(timeout=self.config.shutdown_timeout_s)
+            self._publish_stopped()
+        self.dht.shutdown()
+        for daemon in self._daemons:
+            processes.stop_daemon(daemon, grace_s=self.config.shutdown_timeout_s)
+            processes.remove_files(daemon.socket_paths)
+        self._lock.release()
+        logger.info("DHT node %s stopped", self.peer_id)
+
+    def _publish_stopped(self) -> None:
+        """Mark the identity free, if the DHT and p2pd still run (a group signal may have stopped them)."""
+        if not self.is_healthy():
+            logger.info("DHT process or p2pd already gone; the liveness record expires on its own")
+            return
+        liveness = self._liveness("stopped")
+        with self._calls:
+            future = self.dht.store(
+                records.liveness_key(self.peer_id),
+                liveness.encode(),
+                records.now() + self.config.liveness_ttl_s,
+                return_future=True,
+            )
+            try:
+                self._wait(future, "store of the stopped record", timeout_s=self.config.shutdown_timeout_s)
+            except Exception as e:  # the live record then expires on its own after liveness_ttl_s
+                logger.warning("could not publish the stopped record: %s", e)
+
+    def __enter__(self) -> NetNode:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()

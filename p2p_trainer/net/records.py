@@ -1,0 +1,299 @@
+"""Typed, expiring DHT records. Values are msgpack bytes that we encode and validate ourselves.
+
+Nothing read from the DHT is unpickled: every value is `msgpack.unpackb`ed into plain types, and
+each field is checked for type and range before it becomes a record; malformed records are dropped
+with a log line. Keys are scoped by run name:
+
+- `p2p-trainer/<run>/peers`, subkey = peer id: a `Heartbeat`, expiring after a few heartbeat periods;
+- `p2p-trainer/<run>/definition`: the `RunDefinition` that every peer of the run must share;
+- `p2p-trainer/identity/<peer id>`: a `Liveness` record, used to refuse a second node with a live key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import msgpack
+from hivemind.utils.timed_storage import get_dht_time
+
+from p2p_trainer.net.identity import B58_ALPHABET
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "p2p-trainer"
+MAX_RECORD_BYTES = 4096
+MAX_CLOCK_SKEW_S = 600.0
+"""Heartbeats stamped further ahead of our clock than this are dropped."""
+_MAX_STR = 128
+
+
+class RecordError(ValueError):
+    """A record that fails validation."""
+
+
+class RunDefinitionMismatch(RuntimeError):
+    """This peer's run definition differs from the swarm's; the message lists the differing fields."""
+
+
+class DHTLike(Protocol):
+    """The part of `hivemind.DHT` these functions use (a fake implements it in unit tests)."""
+
+    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> Any: ...
+
+    def get(self, key: Any, latest: bool = False) -> Any: ...
+
+
+def now() -> float:
+    """DHT time (seconds), the clock that record expirations are measured in."""
+    return float(get_dht_time())
+
+
+def pack(fields: dict[str, object]) -> bytes:
+    return bytes(msgpack.packb(fields, use_bin_type=True))
+
+
+def unpack(data: object) -> dict[str, object]:
+    """msgpack bytes -> a dict with str keys; anything else raises `RecordError`. Never unpickles."""
+    if not isinstance(data, bytes) or len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"expected at most {MAX_RECORD_BYTES} msgpack bytes, got {type(data).__name__}")
+    try:
+        fields = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise RecordError(f"not valid msgpack: {e}") from None
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise RecordError(f"expected a map with string keys, got {type(fields).__name__}")
+    return fields
+
+
+def _field(fields: dict[str, object], name: str, kind: type | tuple[type, ...]) -> Any:
+    if name not in fields:
+        raise RecordError(f"missing field {name!r}")
+    value = fields[name]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise RecordError(f"field {name!r} has type {type(value).__name__}")
+    if isinstance(value, str) and not 0 < len(value) <= _MAX_STR:
+        raise RecordError(f"field {name!r} has length {len(value)}")
+    return value
+
+
+def _non_negative(fields: dict[str, object], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = _field(fields, name, kind)
+    if not math.isfinite(value) or value < 0:
+        raise RecordError(f"field {name!r} = {value} is not a finite non-negative number")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ heartbeats
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a training peer tells the swarm about itself, every heartbeat period."""
+
+    peer_id: str
+    round: int
+    tokens_processed: int
+    loss: float | None
+    """Latest training loss (nats/byte); None before the first step."""
+    throughput_tokens_per_s: float
+    software_version: str
+    timestamp: float
+    """DHT time when the record was made."""
+
+    def encode(self) -> bytes:
+        return pack(asdict(self))
+
+    @staticmethod
+    def decode(data: object) -> Heartbeat:
+        fields = unpack(data)
+        loss = fields.get("loss")
+        if loss is not None:
+            loss = float(_non_negative(fields, "loss", (int, float)))
+        return Heartbeat(
+            peer_id=_field(fields, "peer_id", str),
+            round=_non_negative(fields, "round", int),
+            tokens_processed=_non_negative(fields, "tokens_processed", int),
+            loss=loss,
+            throughput_tokens_per_s=float(_non_negative(fields, "throughput_tokens_per_s", (int, float))),
+            software_version=_field(fields, "software_version", str),
+            timestamp=float(_non_negative(fields, "timestamp", (int, float))),
+        )
+
+
+def _check_heartbeat(heartbeat: Heartbeat) -> Heartbeat:
+    if not set(heartbeat.peer_id) <= set(B58_ALPHABET):
+        raise RecordError(f"peer id {heartbeat.peer_id!r} is not base58")
+    if heartbeat.timestamp > now() + MAX_CLOCK_SKEW_S:
+        raise RecordError(f"timestamp {heartbeat.timestamp:.0f} is more than {MAX_CLOCK_SKEW_S:.0f} s ahead")
+    return heartbeat
+
+
+def heartbeat_key(run_name: str) -> str:
+    return f"{KEY_PREFIX}/{run_name}/peers"
+
+
+def publish_heartbeat(dht: DHTLike, run_name: str, heartbeat: Heartbeat, ttl_s: float) -> bool:
+    """Store `heartbeat` under the run's peers key (subkey = peer id), expiring `ttl_s` from now.
+
+    Raises `RecordError` if the heartbeat would be dropped by the other peers (e.g. a NaN loss).
+    """
+    _check_heartbeat(Heartbeat.decode(heartbeat.encode()))
+    return bool(
+        dht.store(heartbeat_key(run_name), heartbeat.encode(), now() + ttl_s, subkey=heartbeat.peer_id)
+    )
+
+
+def list_live_peers(dht: DHTLike, run_name: str) -> list[Heartbeat]:
+    """Heartbeats of the run's live peers, sorted by peer id; malformed records are logged and dropped."""
+    found = dht.get(heartbeat_key(run_name), latest=True)
+    if found is None:
+        return []
+    entries = getattr(found, "value", None)
+    if not isinstance(entries, dict):
+        logger.warning("dropping peers record of run %r: not a subkey map", run_name)
+        return []
+    current = now()
+    heartbeats = []
+    for subkey, entry in entries.items():
+        try:
+            heartbeat = _check_heartbeat(Heartbeat.decode(getattr(entry, "value", None)))
+            if heartbeat.peer_id != subkey:
+                raise RecordError(f"peer id {heartbeat.peer_id!r} differs from its subkey")
+        except RecordError as e:
+            logger.warning("dropping malformed heartbeat under subkey %r: %s", subkey, e)
+            continue
+        if float(getattr(entry, "expiration_time", 0.0)) >= current:
+            heartbeats.append(heartbeat)
+    return sorted(heartbeats, key=lambda h: h.peer_id)
+
+
+# ------------------------------------------------------------------------------------------------ run definition
+
+
+@dataclass(frozen=True)
+class RunDefinition:
+    """What peers of one run must agree on (model shape, method, data, seed), as JSON-like fields."""
+
+    fields: dict[str, object]
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of the fields (sorted keys)."""
+        canonical = json.dumps(self.fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def encode(self) -> bytes:
+        return pack({"digest": self.digest, "fields": self.fields})
+
+    @staticmethod
+    def decode(data: object) -> RunDefinition:
+        record = unpack(data)
+        fields = _field(record, "fields", dict)
+        definition = RunDefinition(fields=fields)
+        if definition.digest != _field(record, "digest", str):
+            raise RecordError("digest does not match its fields")
+        return definition
+
+
+def _flatten(fields: object, prefix: str = "") -> dict[str, object]:
+    if not isinstance(fields, dict):
+        return {prefix: fields}
+    flat: dict[str, object] = {}
+    for name, value in fields.items():
+        flat.update(_flatten(value, f"{prefix}.{name}" if prefix else str(name)))
+    return flat
+
+
+def diff_run_definitions(ours: RunDefinition, theirs: RunDefinition) -> list[tuple[str, object, object]]:
+    """(field, our value, swarm's value) for every differing field; nested fields are dotted names."""
+    mine, other = _flatten(ours.fields), _flatten(theirs.fields)
+    missing = "<absent>"
+    return [
+        (name, mine.get(name, missing), other.get(name, missing))
+        for name in sorted(set(mine) | set(other))
+        if mine.get(name, missing) != other.get(name, missing)
+    ]
+
+
+def run_definition_key(run_name: str) -> str:
+    return f"{KEY_PREFIX}/{run_name}/definition"
+
+
+def check_run_definition(dht: DHTLike, run_name: str, ours: RunDefinition, ttl_s: float) -> None:
+    """Refuse (`RunDefinitionMismatch`) to join a run whose published definition differs from ours.
+
+    If the run has no definition yet, or the same one, publish ours (refreshing its expiration).
+    """
+    json.dumps(ours.fields)  # fail early, here, if the fields are not plain JSON-like data
+    found = dht.get(run_definition_key(run_name), latest=True)
+    if found is not None:
+        try:
+            theirs = RunDefinition.decode(getattr(found, "value", None))
+        except RecordError as e:
+            logger.warning("ignoring malformed run definition of run %r: %s", run_name, e)
+        else:
+            differences = diff_run_definitions(ours, theirs)
+            if differences:
+                lines = "; ".join(f"{name}: ours={a!r}, swarm's={b!r}" for name, a, b in differences)
+                raise RunDefinitionMismatch(
+                    f"refusing to join run {run_name!r}: its run definition differs from ours in "
+                    f"{len(differences)} field(s): {lines}. Use the swarm's config, or choose another run name"
+                )
+    dht.store(run_definition_key(run_name), ours.encode(), now() + ttl_s)
+
+
+# ------------------------------------------------------------------------------------------------ liveness
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """A node announcing that its identity is in use (`live`) or was released (`stopped`)."""
+
+    peer_id: str
+    instance: str
+    """Random per process, so a node recognises its own record."""
+    state: str
+    hostname: str
+    pid: int
+
+    def encode(self) -> bytes:
+        return pack(asdict(self))
+
+    @staticmethod
+    def decode(data: object) -> Liveness:
+        fields = unpack(data)
+        liveness = Liveness(
+            peer_id=_field(fields, "peer_id", str),
+            instance=_field(fields, "instance", str),
+            state=_field(fields, "state", str),
+            hostname=_field(fields, "hostname", str),
+            pid=_non_negative(fields, "pid", int),
+        )
+        if liveness.state not in ("live", "stopped"):
+            raise RecordError(f"unknown state {liveness.state!r}")
+        return liveness
+
+
+def liveness_key(peer_id: str) -> str:
+    return f"{KEY_PREFIX}/identity/{peer_id}"
+
+
+def find_liveness(dht: DHTLike, peer_id: str) -> Liveness | None:
+    """The latest liveness record of `peer_id`, or None if there is none (or it is malformed)."""
+    found = dht.get(liveness_key(peer_id), latest=True)
+    if found is None:
+        return None
+    try:
+        return Liveness.decode(getattr(found, "value", None))
+    except RecordError as e:
+        logger.warning("ignoring malformed liveness record of %s: %s", peer_id, e)
+        return None
+
+
+def publish_liveness(dht: DHTLike, liveness: Liveness, ttl_s: float) -> bool:
+    return bool(dht.store(liveness_key(liveness.peer_id), liveness.encode(), now() + ttl_s))

@@ -1,0 +1,130 @@
+"""DHT records: msgpack round trips, expiry, malformed records dropped, run-definition mismatch."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import hivemind
+import msgpack
+import pytest
+
+from p2p_trainer.net import records
+from p2p_trainer.net.records import Heartbeat, RunDefinition, RunDefinitionMismatch
+
+pytestmark = pytest.mark.timeout(30)
+
+PEER_A = "12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
+PEER_B = "12D3KooWM3p2C3KCYJ1qLmihN9Samy4PzJ3TgD5eqSQRdxwLndM4"
+DEFINITION = {"model": {"layers": 4, "d_model": 128}, "method": "factored", "data": "shakespeare", "seed": 0}
+
+
+def heartbeat(peer_id: str = PEER_A, **changes: Any) -> Heartbeat:
+    beat = Heartbeat(peer_id, 3, 12_000, 2.31, 850.5, "0.1.0", records.now())
+    return replace(beat, **changes)
+
+
+@pytest.fixture(scope="module")
+def dht() -> Iterator[hivemind.DHT]:
+    node = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    yield node
+    node.shutdown()
+
+
+def test_heartbeat_round_trip_through_a_real_dht(dht: hivemind.DHT) -> None:
+    beats = [heartbeat(PEER_A), heartbeat(PEER_B, loss=None, round=0)]
+    for beat in beats:
+        assert records.publish_heartbeat(dht, "roundtrip", beat, ttl_s=30)
+    assert records.list_live_peers(dht, "roundtrip") == sorted(beats, key=lambda b: b.peer_id)
+    assert records.list_live_peers(dht, "another-run") == []
+
+
+def test_heartbeats_expire(dht: hivemind.DHT) -> None:
+    records.publish_heartbeat(dht, "expiry", heartbeat(PEER_A), ttl_s=0.5)
+    records.publish_heartbeat(dht, "expiry", heartbeat(PEER_B), ttl_s=30)
+    assert len(records.list_live_peers(dht, "expiry")) == 2
+    time.sleep(0.8)
+    assert [b.peer_id for b in records.list_live_peers(dht, "expiry")] == [PEER_B]
+
+
+def _raw(fields: dict[str, object]) -> bytes:
+    return bytes(msgpack.packb(fields, use_bin_type=True))
+
+
+MALFORMED = {
+    "not-msgpack": b"\xc1\xc1\xc1",
+    "pickle": pickle.dumps({"peer_id": PEER_A}),
+    "list": bytes(msgpack.packb([1, 2, 3])),
+    "round-str": _raw({**heartbeat().__dict__, "round": "3"}),
+    "round-bool": _raw({**heartbeat().__dict__, "round": True}),
+    "negative-tokens": _raw({**heartbeat().__dict__, "tokens_processed": -5}),
+    "nan-loss": _raw({**heartbeat().__dict__, "loss": float("nan")}),
+    "inf-throughput": _raw({**heartbeat().__dict__, "throughput_tokens_per_s": float("inf")}),
+    "missing-version": _raw({k: v for k, v in heartbeat().__dict__.items() if k != "software_version"}),
+    "huge": _raw({**heartbeat().__dict__, "software_version": "x" * 5000}),
+    "other-peer-id": heartbeat(PEER_B).encode(),
+    "non-base58-peer-id": heartbeat("12D3KooW0OIl").encode(),
+    "far-future": heartbeat(timestamp=records.now() + 3600).encode(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_heartbeats_are_dropped_with_a_log_line(
+    dht: hivemind.DHT, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = f"malformed-{name}"
+    dht.store(records.heartbeat_key(run), MALFORMED[name], records.now() + 30, subkey=PEER_A)
+    records.publish_heartbeat(dht, run, heartbeat(PEER_B), ttl_s=30)
+    with caplog.at_level(logging.WARNING, logger=records.__name__):
+        live = records.list_live_peers(dht, run)
+    assert [b.peer_id for b in live] == [PEER_B]
+    assert any(
+        "dropping malformed heartbeat" in r.getMessage() and PEER_A in r.getMessage() for r in caplog.records
+    )
+
+
+def test_non_bytes_values_are_dropped(dht: hivemind.DHT, caplog: pytest.LogCaptureFixture) -> None:
+    dht.store(records.heartbeat_key("nonbytes"), {"peer_id": PEER_A}, records.now() + 30, subkey=PEER_A)
+    with caplog.at_level(logging.WARNING, logger=records.__name__):
+        assert records.list_live_peers(dht, "nonbytes") == []
+    assert "dropping malformed heartbeat" in caplog.text
+
+
+def test_same_run_definition_joins_and_a_different_one_is_refused(dht: hivemind.DHT) -> None:
+    ours = RunDefinition(DEFINITION)
+    records.check_run_definition(dht, "definition", ours, ttl_s=30)  # first peer publishes it
+    records.check_run_definition(dht, "definition", RunDefinition(dict(DEFINITION)), ttl_s=30)
+    different = RunDefinition({**DEFINITION, "seed": 7, "model": {"layers": 6, "d_model": 128}})
+    with pytest.raises(RunDefinitionMismatch) as raised:
+        records.check_run_definition(dht, "definition", different, ttl_s=30)
+    message = str(raised.value)
+    assert "differs from ours in 2 field(s)" in message
+    assert "model.layers: ours=6, swarm's=4" in message
+    assert "seed: ours=7, swarm's=0" in message
+    assert "method" not in message.split("field(s):")[1]
+
+
+def test_run_definition_digest_is_order_independent_and_checked_on_decode() -> None:
+    a = RunDefinition({"seed": 0, "method": "diloco"})
+    b = RunDefinition({"method": "diloco", "seed": 0})
+    assert a.digest == b.digest
+    assert RunDefinition.decode(a.encode()) == a
+    tampered = _raw({"digest": a.digest, "fields": {"seed": 1, "method": "diloco"}})
+    with pytest.raises(records.RecordError, match="digest"):
+        RunDefinition.decode(tampered)
+
+
+def test_diff_names_added_and_removed_fields() -> None:
+    diff = records.diff_run_definitions(RunDefinition({"a": 1}), RunDefinition({"b": 2}))
+    assert diff == [("a", 1, "<absent>"), ("b", "<absent>", 2)]
+
+
+def test_publishing_a_heartbeat_others_would_drop_is_refused(dht: hivemind.DHT) -> None:
+    with pytest.raises(records.RecordError, match="loss"):
+        records.publish_heartbeat(dht, "refused", heartbeat(loss=float("nan")), ttl_s=30)
+    with pytest.raises(records.RecordError, match="round"):
+        records.publish_heartbeat(dht, "refused", heartbeat(round=-1), ttl_s=30)

@@ -155,3 +155,17 @@ class Peer:
 
     def train(self, rounds: int) -> list[RoundMetrics]:
         return [self.run_round() for _ in range(rounds)]
+
+
+def adopt_state(peer: Peer, state: OuterState) -> None:
+    """Take over a downloaded outer state (late join): θ ← φ, and the schedule moves to its round."""
+    peer.state = state
+    with torch.no_grad():
+        for p, a in zip(peer.params, state.anchor, strict=True):
+            p.copy_(a)
+    peer.step = state.round * peer.cfg.outer.num_inner_steps
+    inner = peer.cfg.inner
+    peer.scheduler.last_epoch = peer.step
+    factor = lr_factor(peer.step, inner.warmup_steps, peer.cfg.total_inner_steps, inner.min_lr_ratio)
+    for group, base in zip(peer.optimizer.param_groups, peer.scheduler.base_lrs, strict=True):
+        group["lr"] = base * factor

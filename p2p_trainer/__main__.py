@@ -1,0 +1,3 @@
+from p2p_trainer.cli import main
+
+main()

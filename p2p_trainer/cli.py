@@ -1,0 +1,276 @@
+"""The `p2p-trainer` command line. click lives only here (and in the commands it registers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import click
+import torch
+
+from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config
+from p2p_trainer.data import DataError
+from p2p_trainer.logs import setup_logging
+from p2p_trainer.net.bootstrap_command import bootstrap, install_stop_handlers
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "peers" / "default.toml"
+
+
+def resolve_config(config: str | None, method: str | None, rounds: int | None, seed: int | None) -> RunConfig:
+    """The config file (or the bundled default), with command-line overrides on top."""
+    try:
+        cfg = (
+            load_config(config)
+            if config
+            else (load_config(DEFAULT_CONFIG) if DEFAULT_CONFIG.exists() else RunConfig())
+        )
+        if method and method != cfg.outer.method:
+            keep = {
+                "num_inner_steps": cfg.outer.num_inner_steps,
+                "exchange_timeout_s": cfg.outer.exchange_timeout_s,
+            }
+            cfg = dataclasses.replace(cfg, outer=OuterConfig.for_method(method, **keep))
+        if rounds is not None:
+            cfg = dataclasses.replace(cfg, rounds=rounds)
+        if seed is not None:
+            cfg = dataclasses.replace(cfg, seed=seed)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    return cfg
+
+
+config_option = click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Run config TOML (default: peers/default.toml).",
+)
+method_option = click.option(
+    "--method",
+    type=click.Choice(["factored", "noloco", "diloco", "data-parallel", "independent"]),
+    default=None,
+    help="Outer method (default: the config's, factored).",
+)
+rounds_option = click.option(
+    "--rounds", type=click.IntRange(min=1), default=None, help="Outer rounds to train."
+)
+seed_option = click.option("--seed", type=int, default=None, help="Run seed.")
+
+
+@click.group()
+@click.option(
+    "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
+)
+def main(log_level: str) -> None:
+    """Decentralized peer-to-peer training over slow, unreliable links."""
+    setup_logging(log_level)
+
+
+main.add_command(bootstrap)
+
+
+@main.command()
+@config_option
+@method_option
+@rounds_option
+@seed_option
+@click.option(
+    "--initial-peers", multiple=True, required=True, help="Multiaddr of a running node (repeatable)."
+)
+@click.option(
+    "--identity",
+    "identity_path",
+    default="~/.p2p-trainer/peer.key",
+    show_default=True,
+    help="Ed25519 key file, created (0600) on first run.",
+)
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=0, show_default=True, type=int, help="TCP port (0: any free port).")
+@click.option("--announce-host", default=None, help="Address others dial (behind NAT / in containers).")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    default="runs/peer",
+    show_default=True,
+    help="Where metrics.jsonl and checkpoints go.",
+)
+@click.option(
+    "--wait-for-peers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Peers (self included) to wait for before the first round of a new swarm.",
+)
+@click.option("--max-minutes", type=float, default=None, help="Stop after this much wall time.")
+@click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
+@click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
+@click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
+def join(
+    config: str | None,
+    method: str | None,
+    rounds: int | None,
+    seed: int | None,
+    initial_peers: tuple[str, ...],
+    identity_path: str,
+    host: str,
+    port: int,
+    announce_host: str | None,
+    run_dir: str,
+    wait_for_peers: int,
+    max_minutes: float | None,
+    resume: bool,
+    torch_threads: int | None,
+    device: str,
+) -> None:
+    """Join a swarm as a training peer."""
+    from p2p_trainer.net.addresses import AddressError
+    from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
+    from p2p_trainer.net.identity import IdentityError
+    from p2p_trainer.net.records import RunDefinitionMismatch
+    from p2p_trainer.node import JoinOptions, run_peer
+
+    cfg = resolve_config(config, method, rounds, seed)
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    dht = DHTConfig(
+        identity_path=str(Path(identity_path).expanduser()),
+        host=host,
+        port=port,
+        announce_host=announce_host,
+        initial_peers=tuple(initial_peers),
+    )
+    opts = JoinOptions(
+        run=cfg,
+        dht=dht,
+        run_dir=Path(run_dir),
+        wait_for_peers=wait_for_peers,
+        max_minutes=max_minutes,
+        resume=resume,
+        device=device,
+    )
+    try:
+        sys.exit(run_peer(opts, stop))
+    except (
+        AddressError,
+        IdentityError,
+        InitialPeersUnreachable,
+        RunDefinitionMismatch,
+        DataError,
+        ConfigError,
+    ) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@config_option
+@method_option
+@rounds_option
+@seed_option
+@click.option(
+    "--peers", default=4, show_default=True, type=click.IntRange(min=1), help="Peer processes to start."
+)
+@click.option("--minutes", type=float, default=None, help="Stop every peer after this much wall time.")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output directory (default: runs/local-<time>).",
+)
+@click.option("--no-live", is_flag=True, help="No live table (for logs and CI).")
+def local(
+    config: str | None,
+    method: str | None,
+    rounds: int | None,
+    seed: int | None,
+    peers: int,
+    minutes: float | None,
+    run_dir: str | None,
+    no_live: bool,
+) -> None:
+    """Run a real swarm on this machine: one bootstrap node and N peer processes on loopback."""
+    import os
+    import time
+
+    from p2p_trainer.checkpoint import atomic_write_text
+    from p2p_trainer.local import LocalOptions, run_local
+
+    cfg = resolve_config(config, method, rounds, seed)
+    out = Path(run_dir or f"runs/local-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / "config.toml"
+    atomic_write_text(config_path, to_toml(cfg))
+    threads = max(1, (os.cpu_count() or 1) // peers)  # peers share this machine's cores
+    opts = LocalOptions(
+        config_path=config_path, run=cfg, peers=peers, run_dir=out, max_minutes=minutes, torch_threads=threads
+    )
+    try:
+        summary = run_local(opts, show=not no_live)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"\nmethod {summary['method']}, {peers} peers, {summary['wall_s']:.0f} s, {summary['tokens']} tokens"
+    )
+    for p in summary["per_peer"]:
+        vl = f"{p['val_loss']:.3f}" if p["val_loss"] is not None else "-"
+        click.echo(
+            f"  {p['peer']}: val loss {vl}, rounds {p['rounds']}, utilisation {p['utilisation']:.3f}, "
+            f"sent {p['bytes_sent'] / 1e6:.1f} MB, received {p['bytes_received'] / 1e6:.1f} MB, "
+            f"failed exchanges {p['failed_exchanges']}/{p['exchanges']}"
+        )
+    avg = summary["averaged_model_val_loss"]
+    click.echo(f"  averaged model: val loss {avg:.3f}" if avg is not None else "  averaged model: -")
+    click.echo(
+        f"run directory: {out} (summary.json, val_loss.png, peer*/metrics.jsonl, peer*/checkpoint.safetensors)"
+    )
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The config as TOML (flat tables), so every peer process loads exactly this run."""
+    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
+    for name in ("model", "data", "inner", "outer"):
+        lines.append(f"\n[{name}]")
+        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")
+            elif isinstance(value, tuple | list):
+                lines.append(f"{key} = [{', '.join(repr(v) for v in value)}]")
+            else:
+                lines.append(f"{key} = {value!r}")
+    return "\n".join(lines) + "\n"
+
+
+@main.command()
+@config_option
+@method_option
+@rounds_option
+@seed_option
+@click.option("--peers", default=4, show_default=True, type=click.IntRange(min=1))
+def inprocess(
+    config: str | None, method: str | None, rounds: int | None, seed: int | None, peers: int
+) -> None:
+    """Train N peers in one process over the exact in-process backend (the reference for the swarm)."""
+    from p2p_trainer.local_inprocess import run_inprocess
+
+    cfg = resolve_config(config, method, rounds, seed)
+    try:
+        result = run_inprocess(cfg, peers)
+    except DataError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"method {cfg.outer.method}: validation loss per peer "
+        f"{', '.join(f'{v:.3f}' for v in result.val_loss)}; averaged model {result.mean_model_val_loss:.3f}; "
+        f"consensus distance {result.consensus_distance:.4f}; failed exchanges {result.failed_exchanges}"
+    )
+
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -1,0 +1,109 @@
+"""Late join: download the current outer state (φ, m, round) from a live peer, verified.
+
+The donor serves the snapshot taken at its last outer step (immutable lists of tensors, so no
+copy is needed to stay consistent). The joiner checks the header, the sizes against its own model,
+finiteness, and a sha256 of the payload; a failed donor is a value, and the caller tries another.
+Nothing received is unpickled: a msgpack header and raw float32 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hivemind.p2p import P2P, PeerID
+
+from p2p_trainer.exchange import Failed
+from p2p_trainer.methods import OuterState
+from p2p_trainer.net.transport import MAX_HEADER_BYTES, Transport, decode_header, encode_header, read_frame
+
+logger = logging.getLogger(__name__)
+
+STATE_PROTOCOL = "p2p-trainer/state/1"
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    anchor: list[torch.Tensor]
+    momentum: list[torch.Tensor]
+    round: int
+
+
+def _payload(snapshot: StateSnapshot) -> bytes:
+    flat = torch.cat(
+        [t.detach().to("cpu", torch.float32).reshape(-1) for t in snapshot.anchor + snapshot.momentum]
+    )
+    return flat.numpy().tobytes()
+
+
+class StateServer:
+    """Serves this peer's latest outer-state snapshot to joiners."""
+
+    def __init__(self, transport: Transport, run_id: str) -> None:
+        self.transport, self.run_id = transport, run_id
+        self.snapshot: StateSnapshot | None = None
+        transport.run(transport.add_request_handler(STATE_PROTOCOL, self._serve), timeout_s=30)
+
+    def publish(self, state: OuterState) -> None:
+        self.snapshot = StateSnapshot(list(state.anchor), list(state.momentum), state.round)
+
+    async def _serve(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
+        snap = self.snapshot
+        if request.get("run") != self.run_id or snap is None:
+            await P2P.send_raw_data(encode_header({"key": "state", "error": "no state for this run"}), writer)
+            return
+        payload = await asyncio.get_running_loop().run_in_executor(None, _payload, snap)
+        header = {
+            "key": "state",
+            "round": snap.round,
+            "nbytes": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        }
+        await P2P.send_raw_data(encode_header(header), writer)
+        await P2P.send_raw_data(payload, writer)
+        logger.info("served round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
+
+
+async def _fetch(
+    transport: Transport, donor: str, run_id: str, nbytes: int
+) -> tuple[dict[str, object], bytes]:
+    _, reader, writer = await transport.p2p.call_binary_stream_handler(
+        PeerID.from_base58(donor), STATE_PROTOCOL
+    )
+    try:
+        await P2P.send_raw_data(encode_header({"key": "state", "run": run_id}), writer)
+        header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
+        if "error" in header:
+            return header, b""
+        return header, await read_frame(reader, nbytes)
+    finally:
+        writer.close()
+
+
+def download_state(
+    transport: Transport, donor: str, run_id: str, like: list[torch.Tensor], timeout_s: float
+) -> OuterState | Failed:
+    """The donor's (φ, m, round), shaped like `like`, or `Failed(reason)`."""
+    numel = sum(t.numel() for t in like)
+    try:
+        header, payload = transport.run(_fetch(transport, donor, run_id, 8 * numel), timeout_s)
+    except Exception as exc:  # any transport error means: try another donor
+        return Failed(f"download from {donor[-8:]} failed: {exc!r}")
+    if "error" in header:
+        return Failed(f"donor {donor[-8:]}: {header['error']}")
+    rnd = header.get("round")
+    if not isinstance(rnd, int) or rnd < 0:
+        return Failed(f"donor {donor[-8:]} sent round {rnd!r}")
+    if len(payload) != 8 * numel or header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        return Failed(f"donor {donor[-8:]}: payload size or checksum mismatch")
+    flat = torch.from_numpy(np.frombuffer(payload, dtype=np.float32).copy())
+    if not bool(torch.isfinite(flat).all()):
+        return Failed(f"donor {donor[-8:]} sent non-finite values")
+    parts = list(torch.split(flat, [t.numel() for t in like] * 2))
+    tensors = [p.view(t.shape) for p, t in zip(parts, like + like, strict=True)]
+    return OuterState(anchor=tensors[: len(like)], momentum=tensors[len(like) :], round=rnd)

@@ -1,0 +1,85 @@
+"""A peer's view of the swarm: it publishes its heartbeat and caches the live peers' heartbeats.
+
+A background thread refreshes both every `period_s`; exchanges read the cached list, so forming
+a group never waits on the DHT. A peer that misses `ttl_s` of heartbeats drops out of everyone's
+view and of later groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from p2p_trainer import __version__
+from p2p_trainer.net import records
+from p2p_trainer.net.dht import NetNode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PeerStatus:
+    """What this peer reports; the trainer updates it after every round."""
+
+    round: int = 0
+    tokens_processed: int = 0
+    loss: float | None = None
+    throughput_tokens_per_s: float = 0.0
+
+
+class SwarmView:
+    def __init__(self, node: NetNode, run_name: str, period_s: float = 2.0, ttl_s: float = 8.0) -> None:
+        self.node, self.run_name = node, run_name
+        self.period_s, self.ttl_s = period_s, ttl_s
+        self.status = PeerStatus()
+        self._peers: list[records.Heartbeat] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._refresh()
+        self._thread = threading.Thread(target=self._loop, name="swarm-view", daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        st = self.status
+        beat = records.Heartbeat(
+            peer_id=self.node.peer_id,
+            round=st.round,
+            tokens_processed=st.tokens_processed,
+            loss=st.loss,
+            throughput_tokens_per_s=st.throughput_tokens_per_s,
+            software_version=__version__,
+            timestamp=records.now(),
+        )
+        try:
+            records.publish_heartbeat(self.node, self.run_name, beat, self.ttl_s)
+            peers = records.list_live_peers(self.node, self.run_name)
+        except (records.RecordError, TimeoutError, RuntimeError) as exc:
+            logger.warning("heartbeat refresh failed: %s", exc)
+            return
+        with self._lock:
+            self._peers = peers
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._refresh()
+
+    def heartbeats(self) -> list[records.Heartbeat]:
+        with self._lock:
+            return list(self._peers)
+
+    def live_peers(self) -> list[str]:
+        return [h.peer_id for h in self.heartbeats()]
+
+    def wait_for(self, num_peers: int, timeout_s: float) -> int:
+        """Block until `num_peers` peers (self included) are live or the timeout passes; returns the count."""
+        deadline = time.monotonic() + timeout_s
+        while len(set(self.live_peers()) | {self.node.peer_id}) < num_peers and time.monotonic() < deadline:
+            self._refresh()
+            time.sleep(0.5)
+        return len(set(self.live_peers()) | {self.node.peer_id})
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.period_s + 5)

@@ -62,11 +62,10 @@ def start_bootstrap(run_dir: Path, timeout_s: float) -> tuple[Child, str]:
         ],
         run_dir / "bootstrap.log",
     )
-    assert boot.proc.stdout is not None
+    stdout = boot.proc.stdout
+    assert stdout is not None
     box: list[str] = []
-    reader = threading.Thread(
-        target=lambda: box.append(boot.proc.stdout.readline().decode().strip()), daemon=True
-    )  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: box.append(stdout.readline().decode().strip()), daemon=True)
     reader.start()
     reader.join(timeout_s)
     if not box or not box[0].startswith("--initial-peers"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -153,27 +154,20 @@ def test_the_same_identity_twice_is_refused(launch: Launch, tmp_path: Path) -> N
 
 def test_unreachable_initial_peers_give_an_actionable_error_in_bounded_time(launch: Launch) -> None:
     unreachable = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
-    before = processes.socket_files()
     start = time.monotonic()
-    node = launch(
-        "--port",
-        "0",
-        "--identity",
-        "n.key",
-        "--initial-peers",
-        unreachable,
-        "--connect-attempts",
-        "3",
-        wait_ready=False,
-    )
+    args = ["--port", "0", "--identity", "n.key", "--initial-peers", unreachable, "--connect-attempts", "3"]
+    node = launch(*args, wait_ready=False)
     assert node.proc.wait(timeout=30) == 1
     elapsed_s = time.monotonic() - start
     message = node.stderr()
     assert f"none of the initial peers answered after 3 attempt(s): {unreachable}" in message
     assert "firewall" in message and "p2p-trainer bootstrap" in message
-    assert elapsed_s < 20, elapsed_s
-    stale = {p for p in processes.socket_files() - before if str(p) not in processes.listening_paths()}
-    assert not stale
+    assert elapsed_s < 30, elapsed_s  # interpreter start, 3 tries, 1 + 2 s of backoff; generous for load
+    # each attempt's p2pd quit on its own; its socket files were found (by PID, during the start) and removed
+    cleanups = [line for line in message.splitlines() if "of the failed start exited" in line]
+    assert len(cleanups) == 3, message
+    leftovers = re.findall(r"/tmp/hivemind-p2p\w+-[\w-]+\.sock", "\n".join(cleanups))
+    assert leftovers and not [path for path in leftovers if Path(path).exists()]
 
 
 def test_a_malformed_multiaddr_is_named_with_an_example(launch: Launch) -> None:
@@ -231,3 +225,15 @@ def test_a_peer_with_a_different_run_definition_is_refused(launch: Launch, tmp_p
         same.shutdown()
     finally:
         first.shutdown()
+
+
+def test_after_kill_9_the_watchdog_stops_p2pd_and_removes_its_sockets(launch: Launch) -> None:
+    node = launch("--port", "0", "--identity", "n.key")
+    assert node.sockets[0].exists()
+    node.proc.kill()
+    assert node.proc.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while any(processes.is_alive(pid) for pid in node.descendants) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in node.descendants if processes.is_alive(pid)]
+    assert not [path for path in node.sockets if path.exists()]

@@ -187,7 +187,13 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
     except BaseException:
         lock.release()
         raise
-    node = NetNode(dht, daemons, identity, lock, config)
+    try:
+        node = NetNode(dht, daemons, identity, lock, config)
+    except BaseException:
+        dht.shutdown()
+        processes.cleanup_daemons(daemons, grace_s=config.shutdown_timeout_s)
+        lock.release()
+        raise
     try:
         node.claim_identity()
     except BaseException:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 import threading
-from types import FrameType
 
 import click
 
@@ -22,21 +19,7 @@ from p2p_trainer.net.bootstrap import (
 )
 from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
 from p2p_trainer.net.identity import IdentityError
-
-
-def install_stop_handlers(stop_event: threading.Event) -> None:
-    """SIGINT/SIGTERM set `stop_event` in this process; forked children (hivemind's DHT) keep the default."""
-    owner_pid = os.getpid()
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != owner_pid:  # a forked child inherited this handler: behave as if it had none
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        stop_event.set()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
+from p2p_trainer.net.signals import install_stop_handlers
 
 
 @click.command("bootstrap")

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 import hivemind
 
-from p2p_trainer.net import processes, records
+from p2p_trainer.net import processes, reaper, records
 from p2p_trainer.net.addresses import announce_maddr, host_maddr, validate_initial_peers
 from p2p_trainer.net.identity import (
     IdentityError,
@@ -89,28 +90,53 @@ def _unreachable_message(config: DHTConfig, last_error: str) -> str:
     )
 
 
-def _try_start(config: DHTConfig, identity: NodeIdentity, initial_peers: list[str]) -> hivemind.DHT:
+def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], timeout_s: float) -> None:
+    """Wait for the DHT to start, noting each p2pd it runs (even one that exits during the start)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for daemon in processes.find_daemons(dht.pid):
+            seen.setdefault(daemon.pid, daemon)
+        try:
+            dht.wait_until_ready(timeout=0.02)
+            return
+        except TimeoutError:
+            if not dht.is_alive():  # it failed: its exception is on the way
+                dht.wait_until_ready(timeout=1.0)
+                raise RuntimeError("the DHT process exited during its start") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the DHT node did not start within {timeout_s:.0f} s") from None
+
+
+def _try_start(
+    config: DHTConfig, identity: NodeIdentity, initial_peers: list[str]
+) -> tuple[hivemind.DHT, list[processes.DaemonProcess]]:
     announce = [announce_maddr(config.announce_host, config.port)] if config.announce_host else None
-    before = processes.socket_files()
+    dht = hivemind.DHT(
+        initial_peers=initial_peers or None,
+        start=False,
+        host_maddrs=[host_maddr(config.host, config.port)],
+        announce_maddrs=announce,
+        identity_path=str(identity.path),
+        check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check in NetNode
+        startup_timeout=config.startup_timeout_s,
+    )
+    dht.run_in_background(await_ready=False)
+    seen: dict[int, processes.DaemonProcess] = {}
     try:
-        return hivemind.DHT(
-            initial_peers=initial_peers or None,
-            start=True,
-            host_maddrs=[host_maddr(config.host, config.port)],
-            announce_maddrs=announce,
-            identity_path=str(identity.path),
-            check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check below
-            startup_timeout=config.startup_timeout_s,
-        )
+        # p2pd's own start, then hivemind's pings of the initial peers (bounded by its wait_timeout)
+        _wait_ready(dht, seen, timeout_s=config.startup_timeout_s + 30.0)
     except BaseException:
-        # the DHT process has exited; a p2pd that quit on its own leaves its socket file behind
-        processes.remove_stale_sockets(processes.socket_files() - before, identity.path)
+        dht.shutdown()
+        processes.cleanup_daemons(list(seen.values()), grace_s=config.shutdown_timeout_s)
         raise
+    for daemon in processes.find_daemons(dht.pid):
+        seen.setdefault(daemon.pid, daemon)
+    return dht, list(seen.values())
 
 
 def _start_with_retries(
     config: DHTConfig, identity: NodeIdentity, stop: threading.Event | None
-) -> hivemind.DHT:
+) -> tuple[hivemind.DHT, list[processes.DaemonProcess]]:
     initial_peers = validate_initial_peers(config.initial_peers)
     for attempt in range(config.connect_attempts):
         try:
@@ -157,11 +183,17 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
     lock = IdentityLock(identity)
     lock.acquire()
     try:
-        dht = _start_with_retries(config, identity, stop)
+        dht, daemons = _start_with_retries(config, identity, stop)
     except BaseException:
         lock.release()
         raise
-    node = NetNode(dht, identity, lock, config)
+    try:
+        node = NetNode(dht, daemons, identity, lock, config)
+    except BaseException:
+        dht.shutdown()
+        processes.cleanup_daemons(daemons, grace_s=config.shutdown_timeout_s)
+        lock.release()
+        raise
     try:
         node.claim_identity()
     except BaseException:
@@ -182,7 +214,12 @@ class NetNode:
     """A running DHT node with our identity. Implements `records.DHTLike` (calls are serialised)."""
 
     def __init__(
-        self, dht: hivemind.DHT, identity: NodeIdentity, lock: IdentityLock, config: DHTConfig
+        self,
+        dht: hivemind.DHT,
+        daemons: list[processes.DaemonProcess],
+        identity: NodeIdentity,
+        lock: IdentityLock,
+        config: DHTConfig,
     ) -> None:
         self.dht = dht
         self.identity = identity
@@ -190,11 +227,13 @@ class NetNode:
         self.started_at = time.monotonic()
         self._lock = lock
         self._calls = threading.Lock()
-        self._daemons = processes.find_daemons(dht.pid)
+        self._daemons = daemons
         self._instance = secrets.token_hex(8)
         self._stop_keepalive = threading.Event()
         self._keepalive: threading.Thread | None = None
         self._closed = False
+        sockets = [path for daemon in self._daemons for path in daemon.socket_paths]
+        self._reaper = reaper.spawn(os.getpid(), [dht.pid, *self.daemon_pids], sockets)
         logger.info("DHT node %s started (p2pd pids %s)", identity.peer_id, [d.pid for d in self._daemons])
 
     @property
@@ -284,7 +323,18 @@ class NetNode:
             processes.stop_daemon(daemon, grace_s=self.config.shutdown_timeout_s)
             processes.remove_files(daemon.socket_paths)
         self._lock.release()
+        self._stop_reaper()
         logger.info("DHT node %s stopped", self.peer_id)
+
+    def _stop_reaper(self) -> None:
+        """Close the watchdog's pipe: it finds nothing left to stop and exits."""
+        if self._reaper.stdin is not None:
+            self._reaper.stdin.close()
+        try:
+            self._reaper.wait(timeout=self.config.shutdown_timeout_s)
+        except subprocess.TimeoutExpired:
+            processes.stop_pid(self._reaper.pid, grace_s=1.0)
+            self._reaper.wait()
 
     def _publish_stopped(self) -> None:
         """Mark the identity free, if the DHT and p2pd still run (a group signal may have stopped them)."""

@@ -19,8 +19,6 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOCKET_DIR = Path("/tmp")
-_SOCKET_GLOB = "hivemind-p2p*.sock"
 _LISTEN_RE = re.compile(r"^-listen=/unix(/.*hivemind-p2pd-(.+)\.sock)$")
 
 
@@ -73,6 +71,15 @@ def is_alive(pid: int) -> bool:
     return status.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused PID apart), or None."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(status.rsplit(")", 1)[1].split()[19])
+
+
 def stop_pid(pid: int, grace_s: float) -> None:
     """SIGTERM `pid`, then SIGKILL it if it is still alive after `grace_s` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -106,35 +113,16 @@ def remove_files(paths: tuple[Path, ...] | list[Path]) -> None:
             pass
 
 
-def socket_files() -> set[Path]:
-    """hivemind socket files present in /tmp now (ours and anyone else's)."""
-    return set(SOCKET_DIR.glob(_SOCKET_GLOB))
-
-
-def listening_paths() -> set[str]:
-    """Unix socket paths some live process has bound (from /proc/net/unix)."""
-    try:
-        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
-    except FileNotFoundError:
-        return set()
-    return {fields[-1] for fields in (line.split() for line in lines) if len(fields) >= 8}
-
-
-def daemons_using_key(key_path: Path) -> list[int]:
-    """PIDs of p2pd processes started with `-id=<key_path>` (only ours: the key is flock'ed)."""
-    wanted = f"-id={key_path}"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and wanted in _cmdline(int(entry.name)):
-            pids.append(int(entry.name))
-    return pids
-
-
-def remove_stale_sockets(appeared: set[Path], key_path: Path, timeout_s: float = 5.0) -> None:
-    """After a failed start: wait for our p2pd to exit, then remove the files from `appeared`
-    (new since the attempt began) that no live process listens on."""
-    deadline = time.monotonic() + timeout_s
-    while any(is_alive(pid) for pid in daemons_using_key(key_path)) and time.monotonic() < deadline:
+def cleanup_daemons(daemons: list[DaemonProcess], grace_s: float) -> None:
+    """After a start that failed: let our p2pd processes exit (stopping them if they don't within
+    `grace_s`), then remove their socket files, which a p2pd that quits on its own leaves behind."""
+    deadline = time.monotonic() + grace_s
+    while any(is_alive(d.pid) for d in daemons) and time.monotonic() < deadline:
         time.sleep(0.05)
-    live = listening_paths()
-    remove_files(sorted(path for path in appeared if str(path) not in live))
+    for daemon in daemons:
+        stop_daemon(daemon, grace_s=1.0)
+        leftovers = [str(path) for path in daemon.socket_paths if path.exists()]
+        remove_files(daemon.socket_paths)
+        logger.info(
+            "p2pd %d of the failed start exited; removed its leftover files %s", daemon.pid, leftovers
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -153,27 +154,20 @@ def test_the_same_identity_twice_is_refused(launch: Launch, tmp_path: Path) -> N
 
 def test_unreachable_initial_peers_give_an_actionable_error_in_bounded_time(launch: Launch) -> None:
     unreachable = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
-    before = processes.socket_files()
     start = time.monotonic()
-    node = launch(
-        "--port",
-        "0",
-        "--identity",
-        "n.key",
-        "--initial-peers",
-        unreachable,
-        "--connect-attempts",
-        "3",
-        wait_ready=False,
-    )
+    args = ["--port", "0", "--identity", "n.key", "--initial-peers", unreachable, "--connect-attempts", "3"]
+    node = launch(*args, wait_ready=False)
     assert node.proc.wait(timeout=30) == 1
     elapsed_s = time.monotonic() - start
     message = node.stderr()
     assert f"none of the initial peers answered after 3 attempt(s): {unreachable}" in message
     assert "firewall" in message and "p2p-trainer bootstrap" in message
-    assert elapsed_s < 20, elapsed_s
-    stale = {p for p in processes.socket_files() - before if str(p) not in processes.listening_paths()}
-    assert not stale
+    assert elapsed_s < 30, elapsed_s  # interpreter start, 3 tries, 1 + 2 s of backoff; generous for load
+    # each attempt's p2pd quit on its own; its socket files were found (by PID, during the start) and removed
+    cleanups = [line for line in message.splitlines() if "of the failed start exited" in line]
+    assert len(cleanups) == 3, message
+    leftovers = re.findall(r"/tmp/hivemind-p2p\w+-[\w-]+\.sock", "\n".join(cleanups))
+    assert leftovers and not [path for path in leftovers if Path(path).exists()]
 
 
 def test_a_malformed_multiaddr_is_named_with_an_example(launch: Launch) -> None:
@@ -204,11 +198,13 @@ def test_a_signal_stops_the_bootstrap_cleanly(launch: Launch, signum: int, to_gr
         node.proc.send_signal(signum)
     assert node.proc.wait(timeout=15) == 0, node.stderr()
     assert not processes.is_alive(daemons[0])  # p2pd is gone by the time the command exits
-    # every other descendant too (torch's shm manager, started by importing torch, exits on its own)
+    # and every other descendant (the DHT process, the watchdog) except torch's shm manager, which
+    # importing torch starts and which exits on its own some seconds later (the fixture reaps it)
+    ours = [pid for pid in node.descendants if commands[pid] != b"torch_shm_manager"]
     deadline = time.monotonic() + 5
-    while any(processes.is_alive(pid) for pid in node.descendants) and time.monotonic() < deadline:
+    while any(processes.is_alive(pid) for pid in ours) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [commands[pid] for pid in node.descendants if processes.is_alive(pid)]
+    assert not [commands[pid] for pid in ours if processes.is_alive(pid)]
     assert not [path for path in node.sockets if path.exists()]
     assert "peers connected, up" in node.stderr()
 
@@ -231,3 +227,15 @@ def test_a_peer_with_a_different_run_definition_is_refused(launch: Launch, tmp_p
         same.shutdown()
     finally:
         first.shutdown()
+
+
+def test_after_kill_9_the_watchdog_stops_p2pd_and_removes_its_sockets(launch: Launch) -> None:
+    node = launch("--port", "0", "--identity", "n.key")
+    assert node.sockets[0].exists()
+    node.proc.kill()
+    assert node.proc.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while any(processes.is_alive(pid) for pid in node.descendants) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in node.descendants if processes.is_alive(pid)]
+    assert not [path for path in node.sockets if path.exists()]

@@ -15,7 +15,8 @@ import torch
 from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config
 from p2p_trainer.data import DataError
 from p2p_trainer.logs import setup_logging
-from p2p_trainer.net.bootstrap_command import bootstrap, install_stop_handlers
+from p2p_trainer.net.bootstrap_command import bootstrap
+from p2p_trainer.net.signals import install_stop_handlers
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "peers" / "default.toml"
 

@@ -49,21 +49,33 @@ class JoinOptions:
     device: str = "cpu"
 
 
-def _late_join(peer: Peer, view: SwarmView, transport: Transport, run_id: str) -> bool:
-    """Download (φ, m, round) from the most advanced live peer; try the next one if a donor fails."""
-    donors = sorted(
-        (h for h in view.heartbeats() if h.peer_id != transport.peer_id and h.round > 0),
-        key=lambda h: -h.round,
-    )
-    for donor in donors:
-        got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=120)
-        if isinstance(got, Failed):
-            logger.warning("state download: %s; trying the next donor", got.reason)
-            continue
-        adopt_state(peer, got)
-        logger.info("late join: adopted round %d from %s", got.round, donor.peer_id[-8:])
-        return True
-    return False
+def _late_join(
+    peer: Peer, view: SwarmView, transport: Transport, run_id: str, patience_s: float = 30.0
+) -> bool:
+    """Download (φ, m, round) from the most advanced live peer; try the next one if a donor fails.
+
+    Retried for `patience_s`, since a new node's p2p routing needs a few seconds to reach the others.
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        beats = view.heartbeats()
+        logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
+        donors = sorted(
+            (h for h in beats if h.peer_id != transport.peer_id and h.round > 0), key=lambda h: -h.round
+        )
+        if not donors:
+            return False
+        for donor in donors:
+            got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=120)
+            if isinstance(got, Failed):
+                logger.warning("state download: %s; trying the next donor", got.reason.splitlines()[0])
+                continue
+            adopt_state(peer, got)
+            logger.info("late join: adopted round %d from %s", got.round, donor.peer_id[-8:])
+            return True
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
+        time.sleep(2.0)
 
 
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:

@@ -61,6 +61,27 @@ def _check(msg: Message | None, expected_floats: int, max_weight: float) -> tupl
     return values, float(weight)
 
 
+async def send_with_retries(
+    transport: Transport, peer: str, header: dict[str, object], payload: bytes, deadline: float
+) -> bool:
+    """Deliver one message before `deadline`, retrying with backoff.
+
+    A peer that just joined may not be routable for a few seconds (libp2p routing warms up); a
+    member that stays unreachable is a missing contribution, not a crash.
+    """
+    delay_s = 0.25
+    while True:
+        try:
+            await transport.send(peer, header, payload)
+            return True
+        except Exception as exc:  # p2pd reports unreachable peers with several error types
+            if time.monotonic() + delay_s >= deadline:
+                logger.info("send to %s failed for good: %s", peer[-8:], str(exc).splitlines()[0])
+                return False
+            await asyncio.sleep(delay_s)
+            delay_s = min(2.0, 2 * delay_s)
+
+
 async def butterfly_average(
     transport: Transport, group: GroupSpec, flat: torch.Tensor, weight: float, deadline: float
 ) -> ExchangeResult:
@@ -73,12 +94,8 @@ async def butterfly_average(
     moved = 4 * (sum(bounds[j][1] - bounds[j][0] for j in others) + (n - 1) * (bounds[me][1] - bounds[me][0]))
 
     async def send(j: int, phase: str, part: int, payload: bytes, header_extra: dict[str, float]) -> None:
-        try:
-            await transport.send(
-                group.members[j], {"key": f"{group.key}|{phase}|{part}", **header_extra}, payload
-            )
-        except Exception as exc:  # an unreachable member is a missing contribution, not a crash
-            logger.info("send to %s failed: %s", group.members[j][-8:], exc)
+        header = {"key": f"{group.key}|{phase}|{part}", **header_extra}
+        await send_with_retries(transport, group.members[j], header, payload, deadline)
 
     lo, hi = bounds[me]
     phase1 = [

@@ -1,0 +1,124 @@
+"""A real swarm: bootstrap node and peer processes with their own DHT node and p2p daemon."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2p_trainer.checkpoint import read_anchor
+from p2p_trainer.local import start_bootstrap, start_peer
+from p2p_trainer.procs import Child, wait_all
+from tests.integration.swarm_helpers import (
+    final_of,
+    group_gone,
+    local_options,
+    rounds_of,
+    sockets,
+    tiny_config,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(300)
+ROUNDS = 6
+
+
+def _stop_all(children: list[Child]) -> None:
+    for c in children:
+        c.stop(timeout_s=20)
+
+
+@pytest.mark.parametrize("method", ["diloco"])
+def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str) -> None:
+    before = sockets()
+    opts = local_options(tmp_path, tiny_config(method, rounds=ROUNDS), peers=3)
+    boot, initial = start_bootstrap(tmp_path, 60)
+    children = [boot]
+    try:
+        children += [start_peer(opts, i, initial, threads=1) for i in range(3)]
+        assert wait_all(children[1:], timeout_s=240), "peers did not finish their rounds"
+        assert all(c.proc.returncode == 0 for c in children[1:])
+    finally:
+        _stop_all(children)
+    for i in range(3):
+        rounds = rounds_of(tmp_path, i)
+        assert len(rounds) == ROUNDS
+        assert rounds[-1]["train_loss"] < rounds[0]["train_loss"]  # type: ignore[operator]
+        assert all(e["ok"] and e["group_size"] == 3 for r in rounds for e in r["exchanges"])  # type: ignore[union-attr,index]
+        assert all(r["bytes_sent"] > 0 for r in rounds)  # type: ignore[operator]
+    anchors = [read_anchor(tmp_path / f"peer{i}" / "checkpoint.safetensors") for i in range(3)]
+    for other in anchors[1:]:
+        for a, b in zip(anchors[0], other, strict=True):
+            torch.testing.assert_close(a, b)
+    for c in children:
+        assert group_gone(c.pid), f"{c.name}'s processes survived"
+    assert sockets() <= before, f"left socket files: {sockets() - before}"
+
+
+def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
+    before = sockets()
+    cfg = tiny_config("factored", rounds=120)
+    opts = local_options(tmp_path, cfg, peers=3)
+    boot, initial = start_bootstrap(tmp_path, 60)
+    children = [boot]
+    try:
+        children += [start_peer(opts, i, initial, threads=1) for i in range(3)]
+        assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 4, 180), "the swarm did not get going"
+        children.append(start_peer(opts, 3, initial, threads=1, extra=["--wait-for-peers", "1"]))
+        assert wait_all(children[1:], timeout_s=240)
+        assert all(c.proc.returncode == 0 for c in children[1:])
+    finally:
+        _stop_all(children)
+    late = rounds_of(tmp_path, 3)
+    assert late and int(late[0]["round"]) >= 4, "the late peer did not adopt the swarm's round"  # type: ignore[call-overload]
+    finals = [final_of(tmp_path, i) for i in range(4)]
+    assert all(f is not None and f["round"] == 120 for f in finals)
+    losses = [float(f["val_loss"]) for f in finals if f is not None]  # type: ignore[arg-type]
+    assert abs(losses[3] - sum(losses[:3]) / 3) < 0.1, losses
+    for c in children:
+        assert group_gone(c.pid)
+    assert sockets() <= before
+
+
+def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(tmp_path: Path) -> None:
+    before = sockets()
+    opts = local_options(tmp_path, tiny_config("factored", rounds=100_000), peers=1)
+    boot, initial = start_bootstrap(tmp_path, 60)
+    children = [boot]
+    try:
+        children.append(start_peer(opts, 0, initial, threads=1))
+        assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180), "peer0 did not start training"
+        dup = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "p2p_trainer",
+                "join",
+                "--config",
+                str(opts.config_path),
+                *initial.split(),
+                "--identity",
+                str(tmp_path / "keys" / "peer0.key"),
+                "--host",
+                "127.0.0.1",
+                "--run-dir",
+                str(tmp_path / "dup"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert dup.returncode != 0 and "already used" in dup.stderr, dup.stderr[-2000:]
+        assert children[1].alive(), "the original must keep running"
+        assert children[1].stop(timeout_s=60) == 0  # SIGINT: checkpoint, final record, clean exit
+    finally:
+        _stop_all(children)
+    final = final_of(tmp_path, 0)
+    assert final is not None and final["stopped"] is True
+    assert (tmp_path / "peer0" / "checkpoint.safetensors").exists()
+    for c in children:
+        assert group_gone(c.pid)
+    assert sockets() <= before

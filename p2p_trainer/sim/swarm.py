@@ -1,0 +1,122 @@
+"""The sampled swarm shared by every method, and the ledger that turns compute into metrics.
+
+Goodput (ALGORITHMS.md §8) = useful chip-seconds at nominal speed / (num_chips * horizon_s): work
+that reaches the model, on chips that were not in repair, discounted for slow peers (a peer with
+step-time factor f does 1/f of nominal work per second). Compute utilisation counts chip-seconds
+spent in steps, whatever their speed. Work after `horizon_s` is not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from p2p_trainer.sim.events import (
+    FailureEvents,
+    FloatArray,
+    IntArray,
+    Pauses,
+    Repairs,
+    derived_rng,
+    sample_failures,
+)
+from p2p_trainer.sim.scenario import Scenario
+
+NUM_BINS = 96
+"""Time bins for the over-time series (15 minutes each over a day)."""
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """Failures, per-peer speeds and links, sampled once from the scenario's seed."""
+
+    scenario: Scenario
+    failures: FailureEvents
+    speed: FloatArray
+    """Per-peer step-time factor (1 = nominal, 1.2 = 20% slower)."""
+    bandwidth_Bps: FloatArray
+    alpha_s: FloatArray
+
+    @classmethod
+    def sample(cls, s: Scenario) -> Swarm:
+        failures = sample_failures(
+            s.num_chips, s.mtbi_chip_s, s.horizon_s, s.chips_per_slice, s.repair_s, s.seed
+        )
+        n = s.num_peers
+        speed = np.exp(derived_rng(s.seed, 1).normal(0.0, s.straggler_sigma, n))
+        bandwidth = (
+            s.bandwidth_gbps * 1e9 / 8.0 * np.exp(derived_rng(s.seed, 2).normal(0.0, s.bandwidth_sigma, n))
+        )
+        alpha = s.latency_ms * 1e-3 * np.exp(derived_rng(s.seed, 3).normal(0.0, s.latency_sigma, n))
+        return cls(s, failures, speed, bandwidth, alpha)
+
+    def peer_of_failure(self) -> IntArray:
+        return self.failures.chip // self.scenario.chips_per_peer
+
+    def lost_work_s(self, upto_s: float) -> FloatArray:
+        """Work lost per failure: uniform in [0, upto_s) (time since the last step or checkpoint)."""
+        return derived_rng(self.scenario.seed, 4).uniform(0.0, upto_s, len(self.failures))
+
+    def peer_pauses(self) -> Pauses:
+        """Each peer stops for `reconfig_s` (plus its in-flight step) when one of its slices fails."""
+        s = self.scenario
+        return Pauses.from_failures(
+            self.peer_of_failure(),
+            self.failures.time_s,
+            self.lost_work_s(s.step_s),
+            s.reconfig_s,
+            s.num_peers,
+        )
+
+    def peer_repairs(self) -> Repairs:
+        s = self.scenario
+        chips = min(s.chips_per_slice, s.chips_per_peer)
+        return Repairs(self.peer_of_failure(), self.failures.time_s, s.repair_s, chips, s.num_peers)
+
+
+@dataclass
+class Ledger:
+    """Accumulates per-peer compute of one method into goodput, utilisation and a time series."""
+
+    swarm: Swarm
+    pauses: Pauses
+    repairs: Repairs
+    useful_chip_s: float = 0.0
+    compute_chip_s: float = 0.0
+    series_chip_s: FloatArray = field(default_factory=lambda: np.zeros(NUM_BINS))
+    round_s: list[float] = field(default_factory=list)
+
+    def add_compute(
+        self, peers: IntArray, start_s: FloatArray, finish_s: FloatArray, work_s: FloatArray
+    ) -> None:
+        """Peers ran `work_s` of steps from `start_s`, finishing at `finish_s` (pauses included)."""
+        s = self.swarm.scenario
+        h = s.horizon_s
+        cut = np.minimum(finish_s, h)
+        done = np.minimum(
+            work_s,
+            self.pauses.running_until(peers, cut) - self.pauses.running_until(peers, np.minimum(start_s, h)),
+        )
+        done = np.maximum(done, 0.0)
+        live = self.repairs.live_fraction(peers, start_s, np.maximum(cut, start_s + 1e-9), s.chips_per_peer)
+        useful = done / self.swarm.speed[peers] * live * s.chips_per_peer
+        self.useful_chip_s += float(useful.sum())
+        self.compute_chip_s += float(done.sum()) * s.chips_per_peer
+        mid = 0.5 * (start_s + cut)
+        b = np.clip((mid / h * NUM_BINS).astype(np.int64), 0, NUM_BINS - 1)
+        self.series_chip_s += np.bincount(b, weights=useful, minlength=NUM_BINS)
+
+    def totals(self) -> dict[str, float]:
+        s = self.swarm.scenario
+        denom = s.num_chips * s.horizon_s
+        return {
+            "goodput": self.useful_chip_s / denom,
+            "utilisation": self.compute_chip_s / denom,
+            "mean_round_s": float(np.mean(self.round_s)) if self.round_s else float("nan"),
+            "rounds": float(len(self.round_s)),
+        }
+
+    def series_goodput(self) -> FloatArray:
+        s = self.swarm.scenario
+        return self.series_chip_s / (s.num_chips * s.horizon_s / NUM_BINS)

@@ -96,7 +96,9 @@ def decoupled(sw: Swarm) -> MethodResult:
         t = finish + stall_s
     grace = GraceWindow(s.grace_gamma, s.overlap_steps * s.step_s, s.grace_max_s)
     trace = run_syncer(np.stack(arrivals, axis=1), quorum_size(s), grace, float(sync_s.mean()), s.horizon_s)
-    r.ledger.round_s = np.diff(np.concatenate(([0.0], trace.close_s))).tolist()
+    opened = np.concatenate(([0.0], trace.close_s[:-1]))
+    for start, took in zip(opened.tolist(), (trace.close_s - opened).tolist(), strict=True):
+        r.ledger.add_round(start, np.array([took]))
     extra = {
         "quorum": float(quorum_size(s)),
         "mean_contributors": float(trace.contributors.mean()) if len(trace.contributors) else 0.0,

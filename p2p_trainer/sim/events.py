@@ -60,13 +60,8 @@ def sample_failures(
     count = rng.poisson(num_chips * horizon_s / mtbi_chip_s)
     time_s = rng.uniform(0.0, horizon_s, count)
     chip = rng.integers(0, num_chips, count, dtype=np.int64)
-    # Drop an interruption if its slice failed less than repair_s before (that slice is not running).
-    slice_id = chip // chips_per_slice
-    order = np.lexsort((time_s, slice_id))
-    ts, sl = time_s[order], slice_id[order]
-    shadowed = np.zeros(count, dtype=bool)
-    shadowed[1:] = (sl[1:] == sl[:-1]) & (ts[1:] - ts[:-1] < repair_s)
-    keep = order[~shadowed]
+    # Drop an interruption of a slice that is still in repair from an earlier (kept) one.
+    keep = np.flatnonzero(~absorbed_mask(chip // chips_per_slice, time_s, repair_s))
     keep = keep[np.argsort(time_s[keep], kind="stable")]
     return FailureEvents(time_s[keep], chip[keep], float(repair_s), chips_per_slice)
 

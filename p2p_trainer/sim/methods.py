@@ -49,6 +49,8 @@ class MethodResult:
     bytes_per_peer_per_round: float
     extra: dict[str, float] = field(default_factory=dict)
     series_goodput: list[float] = field(default_factory=list)
+    round_trace: list[tuple[float, float]] = field(default_factory=list)
+    """(start time s, mean duration s) per outer round; empty for data-parallel."""
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -66,6 +68,7 @@ def _result(name: str, ledger: Ledger, uptime: float, nbytes: float, **extra: fl
         nbytes,
         extra,
         [float(x) for x in ledger.series_goodput()],
+        ledger.round_trace,
     )
 
 
@@ -89,10 +92,11 @@ def _data_parallel(sw: Swarm, name: str, pause_s: float, lost_s: FloatArray, spa
     ledger.useful_chip_s = float(useful.sum())
     ledger.compute_chip_s = float((running * live * n * s.step_s * sw.speed.mean() / step_wall_s).sum())
     ledger.series_chip_s = useful
-    ledger.round_s = [step_wall_s]
+    steps = int(running.sum() / step_wall_s)
+    ledger.round_sum_s, ledger.round_count, ledger.outer_rounds = steps * step_wall_s, steps, steps
     nbytes = latency.allreduce_bytes_per_peer(s.allreduce, s.num_peers, s.exchange_bytes)
     uptime = float(running.sum()) / s.horizon_s
-    return _result(name, ledger, uptime, nbytes, steps=float(running.sum() / step_wall_s))
+    return _result(name, ledger, uptime, nbytes, step_wall_s=step_wall_s)
 
 
 def sync_dp(sw: Swarm) -> MethodResult:
@@ -146,7 +150,7 @@ def diloco(sw: Swarm) -> MethodResult:
         finish = r.compute(np.full(s.num_peers, t))
         end = float(finish.max()) + comm_s
         blocked += min(end, s.horizon_s) - min(float(finish.max()), s.horizon_s)
-        r.ledger.round_s.append(end - t)
+        r.ledger.add_round(t, np.array([end - t]))
         t = end
     nbytes = latency.allreduce_bytes_per_peer(s.allreduce, s.num_peers, s.exchange_bytes)
     return _result("diloco", r.ledger, r.uptime(blocked), nbytes, allreduce_s=comm_s)
@@ -189,10 +193,10 @@ def noloco(sw: Swarm) -> MethodResult:
     while t.min() < s.horizon_s:
         finish = r.compute(t)
         nxt, _ = _group_exchange(sw, finish, s.group_size, derived_rng(s.seed, 10, rnd))
-        r.ledger.round_s.extend((nxt - t)[t < s.horizon_s].tolist())
+        r.ledger.add_round(float(t.mean()), (nxt - t)[t < s.horizon_s])
         t, rnd = nxt, rnd + 1
     nbytes = latency.group_bytes_per_peer(s.group_size, s.exchange_bytes)
-    return _result("noloco", r.ledger, r.uptime(), nbytes, outer_rounds=float(rnd))
+    return _result("noloco", r.ledger, r.uptime(), nbytes)
 
 
 def gossip(sw: Swarm) -> MethodResult:
@@ -219,7 +223,7 @@ def gossip(sw: Swarm) -> MethodResult:
                 blocked_all += allreduce
             else:
                 nxt, _ = _group_exchange(sw, ready, s.mix2_group_size, derived_rng(s.seed, 12, rnd))
-        r.ledger.round_s.extend((nxt - t)[t < s.horizon_s].tolist())
+        r.ledger.add_round(float(t.mean()), (nxt - t)[t < s.horizon_s])
         t, rnd = nxt, rnd + 1
     mix2_bytes = (
         latency.allreduce_bytes_per_peer(s.allreduce, s.num_peers, s.exchange_bytes)
@@ -229,7 +233,7 @@ def gossip(sw: Swarm) -> MethodResult:
     per_round = latency.group_bytes_per_peer(s.group_size, s.exchange_bytes)
     if s.mix2_every_rounds:
         per_round += mix2_bytes / s.mix2_every_rounds
-    extra = {"mix1_dropped_fraction": dropped / max(rnd * s.num_peers, 1), "outer_rounds": float(rnd)}
+    extra = {"mix1_dropped_fraction": dropped / max(rnd * s.num_peers, 1)}
     return _result("gossip", r.ledger, r.uptime(blocked_all), per_round, **extra)
 
 

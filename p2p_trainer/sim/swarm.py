@@ -85,7 +85,20 @@ class Ledger:
     useful_chip_s: float = 0.0
     compute_chip_s: float = 0.0
     series_chip_s: FloatArray = field(default_factory=lambda: np.zeros(NUM_BINS))
-    round_s: list[float] = field(default_factory=list)
+    round_sum_s: float = 0.0
+    round_count: int = 0
+    outer_rounds: int = 0
+    round_trace: list[tuple[float, float]] = field(default_factory=list)
+    """(start time, mean duration) of each outer round, for the over-time plot."""
+
+    def add_round(self, start_s: float, durations_s: FloatArray) -> None:
+        """One outer round; `durations_s` per peer (or one value for a global round)."""
+        if len(durations_s) == 0:
+            return
+        self.round_sum_s += float(durations_s.sum())
+        self.round_count += len(durations_s)
+        self.outer_rounds += 1
+        self.round_trace.append((start_s, float(durations_s.mean())))
 
     def add_compute(
         self, peers: IntArray, start_s: FloatArray, finish_s: FloatArray, work_s: FloatArray
@@ -113,8 +126,8 @@ class Ledger:
         return {
             "goodput": self.useful_chip_s / denom,
             "utilisation": self.compute_chip_s / denom,
-            "mean_round_s": float(np.mean(self.round_s)) if self.round_s else float("nan"),
-            "rounds": float(len(self.round_s)),
+            "mean_round_s": self.round_sum_s / self.round_count if self.round_count else float("nan"),
+            "rounds": float(self.outer_rounds),
         }
 
     def series_goodput(self) -> FloatArray:

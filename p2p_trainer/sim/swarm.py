@@ -84,7 +84,9 @@ class Ledger:
     repairs: Repairs
     useful_chip_s: float = 0.0
     compute_chip_s: float = 0.0
-    series_chip_s: FloatArray = field(default_factory=lambda: np.zeros(NUM_BINS))
+    series_chip_s: FloatArray | None = None
+    """Useful chip-seconds per time bin, if set directly; else derived from the spread accumulators."""
+    _spread: FloatArray = field(default_factory=lambda: np.zeros((4, NUM_BINS + 1)))
     round_sum_s: float = 0.0
     round_count: int = 0
     outer_rounds: int = 0
@@ -116,9 +118,17 @@ class Ledger:
         useful = done / self.swarm.speed[peers] * live * s.chips_per_peer
         self.useful_chip_s += float(useful.sum())
         self.compute_chip_s += float(done.sum()) * s.chips_per_peer
-        mid = 0.5 * (start_s + cut)
-        b = np.clip((mid / h * NUM_BINS).astype(np.int64), 0, NUM_BINS - 1)
-        self.series_chip_s += np.bincount(b, weights=useful, minlength=NUM_BINS)
+        self._spread_over_time(start_s, np.maximum(cut, start_s + 1e-9), useful)
+
+    def _spread_over_time(self, a_s: FloatArray, b_s: FloatArray, amount: FloatArray) -> None:
+        """Spread each amount uniformly over [a, b]: W(x) = Σ r (min(x, b) - a)+ with r = amount/(b - a),
+        kept as per-edge sums of r and r*a (starts) and r and r*b (ends), so the cost is O(peers)."""
+        edges = np.linspace(0.0, self.swarm.scenario.horizon_s, NUM_BINS + 1)
+        rate = amount / (b_s - a_s)
+        ia = np.searchsorted(edges, a_s, side="left")
+        ib = np.searchsorted(edges, b_s, side="left")
+        for row, (idx, w) in enumerate(((ia, rate), (ia, rate * a_s), (ib, rate), (ib, rate * b_s))):
+            self._spread[row] += np.bincount(idx, weights=w, minlength=NUM_BINS + 2)[: NUM_BINS + 1]
 
     def totals(self) -> dict[str, float]:
         s = self.swarm.scenario
@@ -132,4 +142,10 @@ class Ledger:
 
     def series_goodput(self) -> FloatArray:
         s = self.swarm.scenario
-        return self.series_chip_s / (s.num_chips * s.horizon_s / NUM_BINS)
+        per_bin = self.series_chip_s
+        if per_bin is None:
+            edges = np.linspace(0.0, s.horizon_s, NUM_BINS + 1)
+            c = np.cumsum(self._spread, axis=1)  # sums over entries with a (or b) <= edge
+            work = (c[0] * edges - c[1]) - (c[2] * edges - c[3])
+            per_bin = np.diff(work)
+        return per_bin / (s.num_chips * s.horizon_s / NUM_BINS)

@@ -16,9 +16,10 @@ from typing import Any
 import click
 
 from p2p_trainer.sim.calibration import PUBLISHED, published_scenario
-from p2p_trainer.sim.report import atomic_write, published_table, results_table, write_report
+from p2p_trainer.sim.report import atomic_write, published_table, results_table, surrogate_table, write_report
 from p2p_trainer.sim.run import simulate as run_simulation
 from p2p_trainer.sim.scenario import METHODS, Scenario, ScenarioError, load_scenario, scenario_from_dict
+from p2p_trainer.sim.surrogate import run_surrogate
 
 
 def _scenario_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,8 +45,13 @@ def _scenario_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--scenario", "scenario_path", type=click.Path(exists=True, dir_okay=False), default=None)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Write results here.")
 @click.option("--published", is_flag=True, help="Compare with Decoupled DiLoCo's published goodput figures.")
+@click.option(
+    "--surrogate", is_flag=True, help="Also optimise noisy quadratics: loss and consensus per method."
+)
 @_scenario_options
-def simulate(scenario_path: str | None, out_dir: str | None, published: bool, **overrides: Any) -> None:
+def simulate(
+    scenario_path: str | None, out_dir: str | None, published: bool, surrogate: bool, **overrides: Any
+) -> None:
     """Simulate goodput, utilisation and round times of each method for a swarm under failures."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -60,8 +66,11 @@ def simulate(scenario_path: str | None, out_dir: str | None, published: bool, **
         raise click.UsageError(str(e)) from e
     results = run_simulation(scenario)
     click.echo(results_table(results), nl=False)
+    quality = run_surrogate(scenario, results) if surrogate else None
+    if quality:
+        click.echo("\n" + surrogate_table(quality), nl=False)
     if out_dir:
-        for path in write_report(Path(out_dir), scenario, results):
+        for path in write_report(Path(out_dir), scenario, results, quality):
             click.echo(f"wrote {path}")
 
 

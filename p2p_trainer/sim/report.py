@@ -20,6 +20,7 @@ import numpy as np
 from p2p_trainer.sim.calibration import PublishedPoint
 from p2p_trainer.sim.methods import MethodResult
 from p2p_trainer.sim.scenario import Scenario
+from p2p_trainer.sim.surrogate import SurrogateResult
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -62,6 +63,26 @@ def published_table(rows: Sequence[tuple[PublishedPoint, float]]) -> str:
     for p, got in rows:
         lines.append(f"| {p.label} | {p.goodput:.2f} | {got:.3f} | {100 * (got - p.goodput):+.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def surrogate_table(sur: Mapping[str, SurrogateResult]) -> str:
+    """Quality per method on the noisy-quadratic surrogate (surrogate.py)."""
+    lines = ["| method | surrogate rounds | excess loss | consensus distance |", "|---|---|---|---|"]
+    for name, r in sur.items():
+        lines.append(f"| {name} | {r.rounds} | {r.excess_loss:.4g} | {r.consensus_distance:.4g} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_surrogate(sur: Mapping[str, SurrogateResult]) -> bytes:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    longest = max((r.rounds for r in sur.values()), default=1)
+    for name, r in sur.items():
+        ax.plot(np.arange(len(r.loss_trace)) / max(longest, 1), r.loss_trace, label=name)
+    ax.set(xlabel="fraction of the horizon (fastest method)", ylabel="excess loss", yscale="log")
+    ax.set_title("Surrogate: noisy quadratics, rounds each method completes in the same time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _png(fig)
 
 
 def _png(fig: Any) -> bytes:
@@ -111,15 +132,17 @@ def write_report(
     out_dir: Path,
     scenario: Scenario,
     results: Mapping[str, MethodResult],
-    extra: Mapping[str, Any] | None = None,
+    surrogate: Mapping[str, SurrogateResult] | None = None,
 ) -> list[Path]:
     """Write results.json, table.md and the PNGs into `out_dir`; return the paths written."""
-    payload = {
+    payload: dict[str, Any] = {
         "scenario": scenario.to_dict(),
         "results": {k: r.to_dict() for k, r in results.items()},
-        **(extra or {}),
     }
     table = results_table(results)
+    if surrogate:
+        payload["surrogate"] = {k: dict(r.__dict__) for k, r in surrogate.items()}
+        table += "\n" + surrogate_table(surrogate)
     written = {
         "results.json": json.dumps(payload, indent=1).encode(),
         "table.md": table.encode(),
@@ -127,6 +150,8 @@ def write_report(
         "round_times.png": plot_round_times(results),
         "summary.png": plot_summary(results),
     }
+    if surrogate:
+        written["surrogate.png"] = plot_surrogate(surrogate)
     paths = []
     for name, data in written.items():
         atomic_write(out_dir / name, data)

@@ -20,7 +20,7 @@ import numpy as np
 
 from p2p_trainer.sim import latency
 from p2p_trainer.sim.events import FloatArray
-from p2p_trainer.sim.methods import MethodResult, _result, _Rounds, quorum_size
+from p2p_trainer.sim.methods import MethodResult, RoundState, method_result, quorum_size
 from p2p_trainer.sim.swarm import Swarm
 
 EMA_DECAY = 0.9
@@ -85,7 +85,7 @@ def run_syncer(
 
 def decoupled(sw: Swarm) -> MethodResult:
     s = sw.scenario
-    r = _Rounds.start(sw)
+    r = RoundState.start(sw)
     sync_s = latency.group_average_s(2, s.exchange_bytes, sw.bandwidth_Bps, sw.alpha_s)
     stall_s = np.maximum(0.0, sync_s - s.overlap_steps * s.step_s * sw.speed)
     t = np.zeros(s.num_peers)
@@ -106,4 +106,4 @@ def decoupled(sw: Swarm) -> MethodResult:
         "stall_s_per_round": float(stall_s.mean()),
     }
     nbytes = latency.group_bytes_per_peer(2, s.exchange_bytes)
-    return _result("decoupled", r.ledger, r.uptime(), nbytes, **extra)
+    return method_result("decoupled", r.ledger, r.uptime(), nbytes, **extra)

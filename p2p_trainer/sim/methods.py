@@ -47,6 +47,9 @@ class MethodResult:
     """Mean outer-round time (one step for data-parallel)."""
     rounds: int
     bytes_per_peer_per_round: float
+    """Bytes one peer sends per outer round (per step for data-parallel)."""
+    bytes_per_peer_total: float
+    """Bytes one peer sends over the horizon."""
     extra: dict[str, float] = field(default_factory=dict)
     series_goodput: list[float] = field(default_factory=list)
     round_trace: list[tuple[float, float]] = field(default_factory=list)
@@ -56,7 +59,7 @@ class MethodResult:
         return dict(self.__dict__)
 
 
-def _result(name: str, ledger: Ledger, uptime: float, nbytes: float, **extra: float) -> MethodResult:
+def method_result(name: str, ledger: Ledger, uptime: float, nbytes: float, **extra: float) -> MethodResult:
     t = ledger.totals()
     return MethodResult(
         name,
@@ -66,6 +69,7 @@ def _result(name: str, ledger: Ledger, uptime: float, nbytes: float, **extra: fl
         t["mean_round_s"],
         int(t["rounds"]),
         nbytes,
+        nbytes * t["rounds"],
         extra,
         [float(x) for x in ledger.series_goodput()],
         ledger.round_trace,
@@ -96,7 +100,7 @@ def _data_parallel(sw: Swarm, name: str, pause_s: float, lost_s: FloatArray, spa
     ledger.round_sum_s, ledger.round_count, ledger.outer_rounds = steps * step_wall_s, steps, steps
     nbytes = latency.allreduce_bytes_per_peer(s.allreduce, s.num_peers, s.exchange_bytes)
     uptime = float(running.sum()) / s.horizon_s
-    return _result(name, ledger, uptime, nbytes, step_wall_s=step_wall_s)
+    return method_result(name, ledger, uptime, nbytes, step_wall_s=step_wall_s)
 
 
 def sync_dp(sw: Swarm) -> MethodResult:
@@ -111,7 +115,7 @@ def elastic_dp(sw: Swarm) -> MethodResult:
 
 
 @dataclass
-class _Rounds:
+class RoundState:
     """Shared state of the round-based methods."""
 
     sw: Swarm
@@ -121,7 +125,7 @@ class _Rounds:
     work_s: FloatArray
 
     @classmethod
-    def start(cls, sw: Swarm) -> _Rounds:
+    def start(cls, sw: Swarm) -> RoundState:
         s = sw.scenario
         pauses, repairs = sw.peer_pauses(), sw.peer_repairs()
         peers = np.arange(s.num_peers, dtype=np.int64)
@@ -141,7 +145,7 @@ class _Rounds:
 
 def diloco(sw: Swarm) -> MethodResult:
     s = sw.scenario
-    r = _Rounds.start(sw)
+    r = RoundState.start(sw)
     comm_s = latency.allreduce_s(
         s.allreduce, s.num_peers, s.exchange_bytes, float(sw.bandwidth_Bps.min()), float(sw.alpha_s.max())
     )
@@ -153,7 +157,7 @@ def diloco(sw: Swarm) -> MethodResult:
         r.ledger.add_round(t, np.array([end - t]))
         t = end
     nbytes = latency.allreduce_bytes_per_peer(s.allreduce, s.num_peers, s.exchange_bytes)
-    return _result("diloco", r.ledger, r.uptime(blocked), nbytes, allreduce_s=comm_s)
+    return method_result("diloco", r.ledger, r.uptime(blocked), nbytes, allreduce_s=comm_s)
 
 
 def _groups(num_peers: int, group_size: int, rng: np.random.Generator) -> tuple[IntArray, IntArray]:
@@ -187,7 +191,7 @@ def _group_exchange(
 
 def noloco(sw: Swarm) -> MethodResult:
     s = sw.scenario
-    r = _Rounds.start(sw)
+    r = RoundState.start(sw)
     t = np.zeros(s.num_peers)
     rnd = 0
     while t.min() < s.horizon_s:
@@ -196,12 +200,12 @@ def noloco(sw: Swarm) -> MethodResult:
         r.ledger.add_round(float(t.mean()), (nxt - t)[t < s.horizon_s])
         t, rnd = nxt, rnd + 1
     nbytes = latency.group_bytes_per_peer(s.group_size, s.exchange_bytes)
-    return _result("noloco", r.ledger, r.uptime(), nbytes)
+    return method_result("noloco", r.ledger, r.uptime(), nbytes)
 
 
 def gossip(sw: Swarm) -> MethodResult:
     s = sw.scenario
-    r = _Rounds.start(sw)
+    r = RoundState.start(sw)
     grace_s = min(s.grace_max_s, s.grace_gamma * s.overlap_steps * s.step_s)
     allreduce = latency.allreduce_s(
         s.allreduce, s.num_peers, s.exchange_bytes, float(sw.bandwidth_Bps.min()), float(sw.alpha_s.max())
@@ -234,7 +238,7 @@ def gossip(sw: Swarm) -> MethodResult:
     if s.mix2_every_rounds:
         per_round += mix2_bytes / s.mix2_every_rounds
     extra = {"mix1_dropped_fraction": dropped / max(rnd * s.num_peers, 1)}
-    return _result("gossip", r.ledger, r.uptime(blocked_all), per_round, **extra)
+    return method_result("gossip", r.ledger, r.uptime(blocked_all), per_round, **extra)
 
 
 def quorum_size(s: Scenario) -> int:

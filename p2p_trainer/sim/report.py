@@ -45,14 +45,15 @@ def _fmt(x: float, digits: int = 3) -> str:
 def results_table(results: Mapping[str, MethodResult]) -> str:
     """Markdown table, one row per method."""
     lines = [
-        "| method | goodput | utilisation | uptime | mean round (s) | rounds | MB/peer/round | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | goodput | utilisation | uptime | mean round (s) | rounds | MB/peer/round | GB/peer total | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         notes = ", ".join(f"{k}={_fmt(v, 2)}" for k, v in r.extra.items())
         lines.append(
             f"| {name} | {_fmt(r.goodput)} | {_fmt(r.utilisation)} | {_fmt(r.uptime)} | "
-            f"{_fmt(r.mean_round_s, 2)} | {r.rounds} | {_fmt(r.bytes_per_peer_per_round / 1e6, 1)} | {notes} |"
+            f"{_fmt(r.mean_round_s, 2)} | {r.rounds} | {_fmt(r.bytes_per_peer_per_round / 1e6, 1)} | "
+            f"{_fmt(r.bytes_per_peer_total / 1e9, 2)} | {notes} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -2,10 +2,15 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from p2p_trainer.sim import Scenario, simulate
+from p2p_trainer.sim.decoupled import decoupled
+from p2p_trainer.sim.events import FailureEvents
 from p2p_trainer.sim.latency import ring_allreduce_s
+from p2p_trainer.sim.methods import elastic_dp, sync_dp
+from p2p_trainer.sim.swarm import Swarm
 
 NO_FAILURES = Scenario(
     num_chips=64,
@@ -88,3 +93,46 @@ def test_same_seed_same_result_other_seed_differs() -> None:
     c = simulate(dataclasses.replace(s, seed=1))
     assert {k: v.to_dict() for k, v in a.items()} == {k: v.to_dict() for k, v in b.items()}
     assert a["elastic_dp"].goodput != c["elastic_dp"].goodput
+
+
+def test_predict_reports_what_a_testbed_measures() -> None:
+    from p2p_trainer.sim import predict
+
+    s = dataclasses.replace(NO_FAILURES, methods=("diloco", "noloco"))
+    pred = predict(s)
+    full = simulate(s)
+    assert sorted(pred) == ["diloco", "noloco"]
+    for name, p in pred.items():
+        assert p["round_time_s"] == full[name].mean_round_s
+        assert p["utilisation"] == full[name].utilisation
+        assert p["bytes_per_peer_per_round"] == full[name].bytes_per_peer_per_round
+    assert full["noloco"].bytes_per_peer_total == pytest.approx(4e8 * full["noloco"].rounds)
+
+
+def test_one_injected_failure_costs_exactly_pause_lost_work_and_repair() -> None:
+    s = Scenario(
+        num_chips=1024,
+        num_peers=4,
+        chips_per_slice=64,
+        repair_s=600.0,
+        restart_s=60.0,
+        reconfig_s=20.0,
+        step_s=2.0,
+        checkpoint_interval_s=2.0,
+        bandwidth_gbps=1e9,
+        latency_ms=0.0,
+        horizon_s=7200.0,
+    )
+    sw = Swarm.sample(s)
+    one = FailureEvents(np.array([1000.0]), np.array([5], dtype=np.int64), repair_s=600.0, chips_per_slice=64)
+    sw = dataclasses.replace(sw, failures=one)
+    lost = float(sw.lost_work_s(2.0)[0])
+    chip_s = s.num_chips * s.horizon_s
+    # sync: the whole job stops for the restart and the work since the checkpoint; spares keep capacity
+    assert sync_dp(sw).goodput == pytest.approx(1.0 - (60.0 + lost) / s.horizon_s, abs=1e-5)
+    # elastic: everyone stops for the re-formation and the lost step; the slice is gone for its repair
+    deficit = (20.0 + lost) * s.num_chips + 64 * 600.0
+    assert elastic_dp(sw).goodput == pytest.approx(1.0 - deficit / chip_s, abs=5e-4)
+    # learners: only the failed chip's learner (256 chips) pauses
+    deficit = (20.0 + lost) * s.chips_per_peer + 64 * 600.0
+    assert decoupled(sw).goodput == pytest.approx(1.0 - deficit / chip_s, abs=5e-4)

@@ -38,7 +38,7 @@ class MethodResult:
 
     method: str
     goodput: float
-    """Useful chip-seconds at nominal speed / chip-seconds available."""
+    """Useful work / work the hardware could have done at its own speeds (swarm.py)."""
     utilisation: float
     """Fraction of chip-time spent in steps."""
     uptime: float

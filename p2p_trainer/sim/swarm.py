@@ -1,9 +1,11 @@
 """The sampled swarm shared by every method, and the ledger that turns compute into metrics.
 
-Goodput (ALGORITHMS.md §8) = useful chip-seconds at nominal speed / (num_chips * horizon_s): work
-that reaches the model, on chips that were not in repair, discounted for slow peers (a peer with
-step-time factor f does 1/f of nominal work per second). Compute utilisation counts chip-seconds
-spent in steps, whatever their speed. Work after `horizon_s` is not counted.
+Goodput (ALGORITHMS.md §8) = useful work / work the hardware could have done, both in nominal
+chip-seconds: a peer with step-time factor f does 1/f of nominal work per second, so its capacity
+over the horizon is chips * horizon_s / f. Useful work is work that reaches the model, on chips
+not in repair. Hence goodput <= 1 whatever the speeds, and a fast peer waiting for a slow one
+lowers it. Compute utilisation = chip-seconds spent in steps / (num_chips * horizon_s). Work after
+`horizon_s` is not counted.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ class Swarm:
         )
         alpha = s.latency_ms * 1e-3 * np.exp(derived_rng(s.seed, 3).normal(0.0, s.latency_sigma, n))
         return cls(s, failures, speed, bandwidth, alpha)
+
+    @property
+    def capacity_chip_s(self) -> float:
+        """Nominal work the hardware could do over the horizon at its own speeds."""
+        s = self.scenario
+        return float(s.chips_per_peer * s.horizon_s * np.sum(1.0 / self.speed))
 
     def peer_of_failure(self) -> IntArray:
         return self.failures.chip // self.scenario.chips_per_peer
@@ -132,10 +140,9 @@ class Ledger:
 
     def totals(self) -> dict[str, float]:
         s = self.swarm.scenario
-        denom = s.num_chips * s.horizon_s
         return {
-            "goodput": self.useful_chip_s / denom,
-            "utilisation": self.compute_chip_s / denom,
+            "goodput": self.useful_chip_s / self.swarm.capacity_chip_s,
+            "utilisation": self.compute_chip_s / (s.num_chips * s.horizon_s),
             "mean_round_s": self.round_sum_s / self.round_count if self.round_count else float("nan"),
             "rounds": float(self.outer_rounds),
         }
@@ -148,4 +155,4 @@ class Ledger:
             c = np.cumsum(self._spread, axis=1)  # sums over entries with a (or b) <= edge
             work = (c[0] * edges - c[1]) - (c[2] * edges - c[3])
             per_bin = np.diff(work)
-        return per_bin / (s.num_chips * s.horizon_s / NUM_BINS)
+        return per_bin / (self.swarm.capacity_chip_s / NUM_BINS)

@@ -14,6 +14,7 @@ left after waiting for the quorum). Learners arriving after the window are merge
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,25 +52,68 @@ class SyncerTrace:
     grace_s: FloatArray
 
 
+NextArrivals = Callable[[float], FloatArray]
+"""Given the last close time, each learner's first arrival strictly after it (inf if none)."""
+
+
+def arrivals_from_matrix(arrivals_s: FloatArray) -> NextArrivals:
+    """A `NextArrivals` over known arrivals (shape rounds x learners, each column increasing)."""
+    num_rounds, num_learners = arrivals_s.shape
+    ptr = np.zeros(num_learners, dtype=np.int64)
+    cols = np.arange(num_learners)
+
+    def next_after(close_s: float) -> FloatArray:
+        while True:
+            nxt = arrivals_s[np.minimum(ptr, num_rounds - 1), cols]
+            nxt[ptr >= num_rounds] = np.inf
+            behind = nxt <= close_s
+            if not behind.any():
+                return nxt
+            ptr[behind] += 1
+
+    return next_after
+
+
+@dataclass
+class _LearnerClocks:
+    """Learner timelines simulated on demand: a learner's next round is computed only when the
+    syncer needs its next arrival, so memory stays O(learners) whatever the number of rounds."""
+
+    rounds: RoundState
+    sync_s: FloatArray
+    stall_s: FloatArray
+    start_s: FloatArray
+    arrival_s: FloatArray
+
+    def next_after(self, close_s: float) -> FloatArray:
+        h = self.rounds.sw.scenario.horizon_s
+        while True:
+            idx = np.flatnonzero((self.arrival_s <= close_s) & (self.start_s < h))
+            if len(idx) == 0:
+                break
+            finish = self.rounds.compute(self.start_s[idx], idx)
+            self.arrival_s[idx] = finish + self.sync_s[idx]
+            self.start_s[idx] = finish + self.stall_s[idx]
+        return np.where(self.arrival_s > close_s, self.arrival_s, np.inf)
+
+    def run_out(self) -> None:
+        """Compute the learners' remaining rounds up to the horizon (their work counts, merged or not)."""
+        h = self.rounds.sw.scenario.horizon_s
+        while (idx := np.flatnonzero(self.start_s < h)).size:
+            finish = self.rounds.compute(self.start_s[idx], idx)
+            self.start_s[idx] = finish + self.stall_s[idx]
+
+
 def run_syncer(
-    arrivals_s: FloatArray, quorum: int, grace: GraceWindow, sync_s: float, horizon_s: float
+    next_after: NextArrivals, quorum: int, grace: GraceWindow, sync_s: float, horizon_s: float
 ) -> SyncerTrace:
-    """Replay the syncer over learner arrivals (shape learners x rounds, each row increasing)."""
-    num_learners, num_rounds = arrivals_s.shape
-    stride = 2.0 * float(np.max(np.where(np.isfinite(arrivals_s), arrivals_s, 0.0), initial=horizon_s)) + 4.0
-    flat = np.where(np.isfinite(arrivals_s), arrivals_s, 0.5 * stride).ravel()
-    offsets = np.repeat(np.arange(num_learners, dtype=np.float64) * stride, num_rounds)
-    keys = offsets + flat
-    row_end = (np.arange(num_learners) + 1) * num_rounds
-    base = np.arange(num_learners, dtype=np.float64) * stride
+    """Run the syncer's merges until the quorum is not reached within the horizon."""
     close, ema_q, ema_sync = 0.0, None, sync_s
     closes: list[float] = []
     counts: list[float] = []
     graces: list[float] = []
     while True:
-        ptr = np.searchsorted(keys, base + close, side="right")
-        nxt = np.where(ptr < row_end, flat[np.minimum(ptr, len(flat) - 1)], np.inf)
-        nxt = np.where(nxt < 0.5 * stride, nxt, np.inf)
+        nxt = next_after(close)
         t_q = float(np.partition(nxt, quorum - 1)[quorum - 1])
         if not t_q <= horizon_s:
             break
@@ -88,14 +132,10 @@ def decoupled(sw: Swarm) -> MethodResult:
     r = RoundState.start(sw)
     sync_s = latency.group_average_s(2, s.exchange_bytes, sw.bandwidth_Bps, sw.alpha_s)
     stall_s = np.maximum(0.0, sync_s - s.overlap_steps * s.step_s * sw.speed)
-    t = np.zeros(s.num_peers)
-    arrivals: list[FloatArray] = []
-    while t.min() < s.horizon_s:
-        finish = r.compute(t)
-        arrivals.append(np.where(t < s.horizon_s, finish + sync_s, np.inf))
-        t = finish + stall_s
+    clocks = _LearnerClocks(r, sync_s, stall_s, np.zeros(s.num_peers), np.full(s.num_peers, -1.0))
     grace = GraceWindow(s.grace_gamma, s.overlap_steps * s.step_s, s.grace_max_s)
-    trace = run_syncer(np.stack(arrivals, axis=1), quorum_size(s), grace, float(sync_s.mean()), s.horizon_s)
+    trace = run_syncer(clocks.next_after, quorum_size(s), grace, float(sync_s.mean()), s.horizon_s)
+    clocks.run_out()
     opened = np.concatenate(([0.0], trace.close_s[:-1]))
     for start, took in zip(opened.tolist(), (trace.close_s - opened).tolist(), strict=True):
         r.ledger.add_round(start, np.array([took]))

@@ -118,6 +118,8 @@ class Pauses:
         csum = np.concatenate(([0.0], np.cumsum(length)))
         self.down_before = csum[:-1] - csum[self.ptr[self.unit]]
         self.down_through = self.down_before + length
+        self.affected = self.ptr[1:] > self.ptr[:-1]
+        """Per unit: has at least one pause."""
         self._start_keys = _unit_keys(self.unit, self.start_s, self.stride)
         self._run_keys = _unit_keys(self.unit, self.start_s - self.down_before, self.stride)
 
@@ -131,11 +133,16 @@ class Pauses:
 
     def downtime_until(self, unit: IntArray, t: FloatArray) -> FloatArray:
         """Seconds in [0, t) during which `unit` was stopped."""
+        out = np.zeros(len(t))
+        sel = self.affected[unit]  # most units never fail: only search for those that did
+        if sel.any():
+            out[sel] = self._downtime(unit[sel], t[sel])
+        return out
+
+    def _downtime(self, unit: IntArray, t: FloatArray) -> FloatArray:
         idx = np.searchsorted(self._start_keys, _unit_keys(unit, t, self.stride), side="right") - 1
         has = idx >= self.ptr[unit]
         k = np.where(has, idx, 0)
-        if len(self.start_s) == 0:
-            return np.zeros_like(t)
         inside = np.minimum(t, self.end_s[k]) - self.start_s[k]
         return np.where(has, self.down_before[k] + inside, 0.0)
 
@@ -146,11 +153,15 @@ class Pauses:
     def finish_time(self, unit: IntArray, start_s: FloatArray, work_s: FloatArray) -> FloatArray:
         """When `unit`, starting at `start_s`, has run `work_s` seconds (pauses stretch it)."""
         target = self.running_until(unit, start_s) + work_s
-        idx = np.searchsorted(self._run_keys, _unit_keys(unit, target, self.stride), side="left") - 1
-        has = idx >= self.ptr[unit]
-        if len(self.start_s) == 0:
+        sel = self.affected[unit]
+        if not sel.any():
             return target
-        return target + np.where(has, self.down_through[np.where(has, idx, 0)], 0.0)
+        u, tg = unit[sel], target[sel]
+        idx = np.searchsorted(self._run_keys, _unit_keys(u, tg, self.stride), side="left") - 1
+        has = idx >= self.ptr[u]
+        out = target.copy()
+        out[sel] = tg + np.where(has, self.down_through[np.where(has, idx, 0)], 0.0)
+        return out
 
     def all_down_s(self, horizon_s: float) -> float:
         """Seconds of [0, horizon_s) during which every unit was stopped at once (a global outage)."""
@@ -178,6 +189,7 @@ class Repairs:
         self.unit, self.start_s = unit[order], fail_s[order]
         self.stride = 2.0 * float(max(np.max(fail_s, initial=0.0) + repair_s, 1.0)) + 4.0
         self.ptr = np.searchsorted(self.unit, np.arange(num_units + 1)).astype(np.int64)
+        self.affected = self.ptr[1:] > self.ptr[:-1]
         self._keys = _unit_keys(self.unit, self.start_s, self.stride)
         self._csum = np.concatenate(([0.0], np.cumsum(self.start_s)))
 
@@ -190,7 +202,12 @@ class Repairs:
 
     def down_chip_s_until(self, unit: IntArray, t: FloatArray) -> FloatArray:
         """Chip-seconds of capacity in repair within [0, t) for `unit`."""
-        return self.chips * (self._sum_since(unit, t, 0.0) - self._sum_since(unit, t, self.repair_s))
+        out = np.zeros(len(t))
+        sel = self.affected[unit]
+        if sel.any():
+            u, ts = unit[sel], t[sel]
+            out[sel] = self.chips * (self._sum_since(u, ts, 0.0) - self._sum_since(u, ts, self.repair_s))
+        return out
 
     def live_fraction(self, unit: IntArray, a_s: FloatArray, b_s: FloatArray, unit_chips: int) -> FloatArray:
         """Mean fraction of the unit's chips not in repair over [a_s, b_s]."""

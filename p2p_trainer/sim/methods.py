@@ -131,11 +131,13 @@ class RoundState:
         peers = np.arange(s.num_peers, dtype=np.int64)
         return cls(sw, pauses, Ledger(sw, pauses, repairs), peers, s.num_inner_steps * s.step_s * sw.speed)
 
-    def compute(self, start_s: FloatArray) -> FloatArray:
-        """Run H inner steps from `start_s` on every peer; return the finish times."""
-        finish = self.pauses.finish_time(self.peers, start_s, self.work_s)
+    def compute(self, start_s: FloatArray, peers: IntArray | None = None) -> FloatArray:
+        """Run H inner steps from `start_s` on `peers` (default: every peer); return the finish times."""
+        peers = self.peers if peers is None else peers
+        work = self.work_s[peers]
+        finish = self.pauses.finish_time(peers, start_s, work)
         active = start_s < self.sw.scenario.horizon_s
-        self.ledger.add_compute(self.peers[active], start_s[active], finish[active], self.work_s[active])
+        self.ledger.add_compute(peers[active], start_s[active], finish[active], work[active])
         return finish
 
     def uptime(self, blocked_all_s: float = 0.0) -> float:

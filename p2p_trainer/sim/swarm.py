@@ -131,10 +131,11 @@ class Ledger:
     def _spread_over_time(self, a_s: FloatArray, b_s: FloatArray, amount: FloatArray) -> None:
         """Spread each amount uniformly over [a, b]: W(x) = Σ r (min(x, b) - a)+ with r = amount/(b - a),
         kept as per-edge sums of r and r*a (starts) and r and r*b (ends), so the cost is O(peers)."""
-        edges = np.linspace(0.0, self.swarm.scenario.horizon_s, NUM_BINS + 1)
+        width = self.swarm.scenario.horizon_s / NUM_BINS
         rate = amount / (b_s - a_s)
-        ia = np.searchsorted(edges, a_s, side="left")
-        ib = np.searchsorted(edges, b_s, side="left")
+        # index of the first bin edge >= x (edges are k * width)
+        ia = np.clip(np.ceil(a_s / width), 0, NUM_BINS + 1).astype(np.int64)
+        ib = np.clip(np.ceil(b_s / width), 0, NUM_BINS + 1).astype(np.int64)
         for row, (idx, w) in enumerate(((ia, rate), (ia, rate * a_s), (ib, rate), (ib, rate * b_s))):
             self._spread[row] += np.bincount(idx, weights=w, minlength=NUM_BINS + 2)[: NUM_BINS + 1]
 

@@ -130,7 +130,9 @@ def run_syncer(
 def decoupled(sw: Swarm) -> MethodResult:
     s = sw.scenario
     r = RoundState.start(sw)
-    sync_s = latency.group_average_s(2, s.exchange_bytes, sw.bandwidth_Bps, sw.alpha_s)
+    sync_s = s.exchange_overhead_s + latency.group_average_s(
+        2, s.exchange_bytes, sw.bandwidth_Bps, sw.alpha_s
+    )
     stall_s = np.maximum(0.0, sync_s - s.overlap_steps * s.step_s * sw.speed)
     clocks = _LearnerClocks(r, sync_s, stall_s, np.zeros(s.num_peers), np.full(s.num_peers, -1.0))
     grace = GraceWindow(s.grace_gamma, s.overlap_steps * s.step_s, s.grace_max_s)

@@ -148,7 +148,7 @@ class RoundState:
 def diloco(sw: Swarm) -> MethodResult:
     s = sw.scenario
     r = RoundState.start(sw)
-    comm_s = latency.allreduce_s(
+    comm_s = s.exchange_overhead_s + latency.allreduce_s(
         s.allreduce, s.num_peers, s.exchange_bytes, float(sw.bandwidth_Bps.min()), float(sw.alpha_s.max())
     )
     t, blocked = 0.0, 0.0
@@ -183,7 +183,7 @@ def _group_exchange(
     ready = np.maximum.reduceat(ready_s[perm], starts)
     bw = np.minimum.reduceat(sw.bandwidth_Bps[perm], starts)
     alpha = np.maximum.reduceat(sw.alpha_s[perm], starts)
-    exchange = latency.group_average_s(sizes, s.exchange_bytes, bw, alpha)
+    exchange = s.exchange_overhead_s + latency.group_average_s(sizes, s.exchange_bytes, bw, alpha)
     done = np.empty(s.num_peers)
     took = np.empty(s.num_peers)
     done[perm] = np.repeat(ready + exchange, sizes)
@@ -209,7 +209,7 @@ def gossip(sw: Swarm) -> MethodResult:
     s = sw.scenario
     r = RoundState.start(sw)
     grace_s = min(s.grace_max_s, s.grace_gamma * s.overlap_steps * s.step_s)
-    allreduce = latency.allreduce_s(
+    allreduce = s.exchange_overhead_s + latency.allreduce_s(
         s.allreduce, s.num_peers, s.exchange_bytes, float(sw.bandwidth_Bps.min()), float(sw.alpha_s.max())
     )
     t = np.zeros(s.num_peers)

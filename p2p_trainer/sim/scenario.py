@@ -65,6 +65,9 @@ class Scenario:
     """Median one-way per-peer latency in milliseconds."""
     latency_sigma: float = 0.0
     """Lognormal sigma of per-peer latency."""
+    exchange_overhead_s: float = 0.0
+    """Fixed cost of every outer exchange (matchmaking, group formation), added to the transfer time;
+    hivemind's is about its `matchmaking_time`. Not applied to data-parallel's per-step collective."""
     num_inner_steps: int = 100
     """H: inner steps per outer round."""
     group_size: int = 2
@@ -107,6 +110,7 @@ class Scenario:
         _check_positive(self, ("mtbi_chip_s", "step_s", "model_params", "bytes_per_param"))
         _check_positive(self, ("compression_ratio", "bandwidth_gbps", "horizon_s", "checkpoint_interval_s"))
         _check_non_negative(self, ("repair_s", "restart_s", "reconfig_s", "latency_ms", "grace_max_s"))
+        _check_non_negative(self, ("exchange_overhead_s",))
         _check_non_negative(self, ("straggler_sigma", "bandwidth_sigma", "latency_sigma", "grace_gamma"))
         if self.num_chips % self.num_peers:
             raise ScenarioError(

@@ -139,3 +139,13 @@ def test_one_injected_failure_costs_exactly_pause_lost_work_and_repair() -> None
     # learners: only the failed chip's learner (256 chips) pauses
     deficit = (20.0 + lost) * s.chips_per_peer + 64 * 600.0
     assert decoupled(sw).goodput == pytest.approx(1.0 - deficit / chip_s, abs=5e-4)
+
+
+def test_exchange_overhead_adds_to_every_outer_round_not_to_overlapped_ones() -> None:
+    base = dataclasses.replace(NO_FAILURES, mix2_every_rounds=0, bandwidth_gbps=100.0)
+    slow = dataclasses.replace(base, exchange_overhead_s=4.0)
+    a, b = simulate(base), simulate(slow)
+    for name in ("diloco", "noloco"):
+        assert b[name].mean_round_s - a[name].mean_round_s == pytest.approx(4.0, rel=1e-6), name
+    # Mix1 overlaps compute: 4 s more is still hidden behind 50 s of inner steps
+    assert b["gossip"].mean_round_s == pytest.approx(a["gossip"].mean_round_s)

@@ -65,6 +65,13 @@ class CpuCgroup:
             quota = "max" if quota_us < 0 else str(quota_us)
             (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
 
+    def set_weight(self, shares: int) -> None:
+        """CFS weight against sibling groups and other processes (v1 cpu.shares, default 1024)."""
+        if self.layout.version == 1:
+            (self.path / "cpu.shares").write_text(str(shares))
+        else:
+            (self.path / "cpu.weight").write_text(str(min(max(shares * 100 // 1024, 1), 10_000)))
+
     def ensure_delegates_cpu(self) -> None:
         """v2 only: let child groups of this group set cpu.max."""
         if self.layout.version == 2:

@@ -78,6 +78,10 @@ class TestbedConfig:
         }
     )
     """Environment added to every process started in a host, so a peer stays single-threaded."""
+    cpu_shares: int = 8192
+    """CFS weight of each host against the machine's other processes (default weight 1024). High,
+    so a host still gets its whole quota while other work loads the machine; the quota stays the
+    cap. Hosts compete fairly among themselves; keep the sum of quotas below the core count."""
     kill_grace_s: float = 5.0
     """How long cleanup waits for killed processes to disappear before reporting them."""
     install_signal_handlers: bool = True
@@ -103,6 +107,8 @@ class TestbedConfig:
             raise TestbedConfigError(f"host names must be unique, got {names}")
         for host in self.hosts:
             host.validate()
+        if not 2 <= self.cpu_shares <= 262_144:
+            raise TestbedConfigError(f"cpu_shares={self.cpu_shares}: use 2..262144 (1024 is the default)")
         if not 0.001 <= self.queue_s <= 10 or not 0.0001 <= self.burst_s <= 1:
             raise TestbedConfigError("queue_s must be in 0.001..10 and burst_s in 0.0001..1 seconds")
 

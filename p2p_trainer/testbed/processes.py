@@ -51,11 +51,42 @@ def descendants(pid: int) -> set[int]:
 
 def is_alive(pid: int) -> bool:
     """True if `pid` exists and is not a zombie."""
+    return state(pid) not in ("", "Z")
+
+
+def state(pid: int) -> str:
+    """The process state letter from /proc (R, S, D, T, Z, ...), or "" if the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
+        return ""
+    return stat[stat.rindex(")") + 2]
+
+
+def wait_stopped(pids: Iterable[int], stopped: bool, timeout_s: float) -> set[int]:
+    """Wait until each of `pids` is stopped (state T) or, with `stopped=False`, running again.
+
+    Signals are delivered asynchronously (a throttled process may take a cfs period to react);
+    gone processes count as done. Returns the PIDs not yet in the wanted state.
+    """
+    remaining = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while remaining:
+        remaining = {
+            pid for pid in remaining if state(pid) not in ("", "Z") and (state(pid) == "T") != stopped
+        }
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return remaining
+
+
+def same_netns(pid: int, netns_path: Path) -> bool:
+    """True if `pid` lives in the network namespace bound at `netns_path` (/run/netns/<name>)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(netns_path).st_ino
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def signal_pids(pids: Iterable[int], sig: signal.Signals) -> None:

@@ -24,8 +24,10 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
@@ -148,6 +150,9 @@ class Testbed:
                 host.cgroup = CpuCgroup(self._root_cgroup.layout, f"{self.name}/{spec.name}")
                 host.cgroup.create()
                 host.cgroup.set_quota(spec.cpu_cores)
+                host.cgroup.set_weight(self.config.cpu_shares)
+                # the instance's group competes with the rest of the machine as one entity
+                self._root_cgroup.set_weight(min(self.config.cpu_shares * len(self._hosts), 262_144))
             return host
 
     def close(self, raise_errors: bool = True) -> None:
@@ -304,8 +309,18 @@ class Testbed:
             start_new_session=True,
         )  # fmt: skip
         self._procs[proc.pid] = proc
+        self._wait_inside(host, proc)
         logger.debug("started pid %d in %s: %s", proc.pid, name, " ".join(argv))
         return proc
+
+    def _wait_inside(self, host: Host, proc: subprocess.Popen[Any]) -> None:
+        """Return once `proc` runs in the host's namespace, so `pids` and `signal` know it."""
+        ns_path = Path("/run/netns") / host.netns
+        deadline = time.monotonic() + self.config.kill_grace_s
+        while not processes.same_netns(proc.pid, ns_path) and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TestbedError(f"pid {proc.pid} did not enter {host.netns}")
+            time.sleep(0.002)
 
     def pids(self, name: str) -> set[int]:
         """PIDs of all processes in the host (its cgroup and its namespace), children included."""
@@ -335,12 +350,21 @@ class Testbed:
         return {pid} | (processes.descendants(pid) & owned if tree else set())
 
     def stall(self, pid: int, tree: bool = True) -> set[int]:
-        """SIGSTOP the process (and its children, e.g. p2pd, so the peer stops answering too)."""
-        return self.signal(pid, signal.SIGSTOP, tree)
+        """SIGSTOP the process (and its children, e.g. p2pd, so the peer stops answering too).
+
+        Returns once all of them are stopped.
+        """
+        targets = self.signal(pid, signal.SIGSTOP, tree)
+        if processes.wait_stopped(targets, True, self.config.kill_grace_s):
+            raise TestbedError(f"pids {sorted(targets)} did not all stop")
+        return targets
 
     def resume(self, pid: int, tree: bool = True) -> set[int]:
-        """SIGCONT what `stall` stopped."""
-        return self.signal(pid, signal.SIGCONT, tree)
+        """SIGCONT what `stall` stopped; returns once all of them run again."""
+        targets = self.signal(pid, signal.SIGCONT, tree)
+        if processes.wait_stopped(targets, False, self.config.kill_grace_s):
+            raise TestbedError(f"pids {sorted(targets)} did not all resume")
+        return targets
 
     def kill(self, pid: int, tree: bool = True) -> set[int]:
         """SIGKILL the process (and children), reap it if we started it, remove its p2pd sockets."""

@@ -1,6 +1,6 @@
 """A tiny measurement program run inside testbed hosts (by file path, standard library only).
 
-    python probe.py sink --port 5001            # prints "READY", then {"bytes": n, "elapsed_s": t}
+    python probe.py sink --port 5001            # prints {"ready": true}, then {"bytes": n, "elapsed_s": t}
     python probe.py send --host A --port 5001 --bytes N --timeout-s 30
                                                 # prints {"bytes": n, "elapsed_s": t, "error": ...}
     python probe.py spin --seconds 2            # busy loop; prints {"cpu_s": c, "wall_s": w}

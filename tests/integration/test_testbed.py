@@ -168,9 +168,9 @@ def test_close_removes_everything_also_after_an_exception() -> None:
         _assert_instance_gone(tb.name, cgroup.path.parent if cgroup else None, pids)
 
 
-def _hold_testbed(*args: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def _hold_testbed(mode: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
     proc = subprocess.Popen(
-        [sys.executable, str(APPS / "hold_testbed.py"), *args],
+        [sys.executable, str(APPS / "hold_testbed.py"), mode],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -184,7 +184,7 @@ def _hold_testbed(*args: str) -> tuple[subprocess.Popen[str], dict[str, object]]
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_cleans_up(sig: signal.Signals) -> None:
     skip_unless_supported()
-    proc, info = _hold_testbed()
+    proc, info = _hold_testbed("wait")
     pids = set(info["pids"])  # type: ignore[call-overload]
     assert len(pids) == 2 and all(tb_processes.is_alive(pid) for pid in pids)
     proc.send_signal(sig)
@@ -194,9 +194,18 @@ def test_signal_cleans_up(sig: signal.Signals) -> None:
 
 
 @pytest.mark.timeout(40)
+def test_atexit_cleans_up_a_testbed_left_open() -> None:
+    skip_unless_supported()
+    proc, info = _hold_testbed("exit")
+    proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    _assert_instance_gone(str(info["name"]), Path(str(info["cgroup"])).parent, set(info["pids"]))  # type: ignore[call-overload]
+
+
+@pytest.mark.timeout(40)
 def test_cleanup_stale_removes_debris_of_a_dead_instance() -> None:
     skip_unless_supported()
-    proc, info = _hold_testbed("--die")
+    proc, info = _hold_testbed("die")
     proc.communicate(timeout=20)
     assert proc.returncode == -signal.SIGKILL
     name, pids = str(info["name"]), set(info["pids"])  # type: ignore[call-overload]

@@ -5,7 +5,13 @@ bench. Needs root and iproute2 (`ip netns`, `tc` with tbf).
 """
 
 from p2p_trainer.testbed.config import HostSpec, TestbedConfig, TestbedConfigError, uniform_hosts
-from p2p_trainer.testbed.measure import CpuShare, TransferResult, measure_cpu_share, measure_transfer
+from p2p_trainer.testbed.measure import (
+    CpuShare,
+    TransferResult,
+    measure_cpu_share,
+    measure_rtt_ms,
+    measure_transfer,
+)
 from p2p_trainer.testbed.netns import LinkCounters, support_problem
 from p2p_trainer.testbed.stale import cleanup_stale
 from p2p_trainer.testbed.testbed import Host, Testbed, TestbedError
@@ -22,6 +28,7 @@ __all__ = [
     "TransferResult",
     "cleanup_stale",
     "measure_cpu_share",
+    "measure_rtt_ms",
     "measure_transfer",
     "support_problem",
     "uniform_hosts",

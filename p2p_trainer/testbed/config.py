@@ -28,6 +28,10 @@ class HostSpec:
     """Download cap in Mbit/s (egress of the switch-side end of the host's link); None: uncapped."""
     cpu_cores: float | None = 0.45
     """CPU quota for all processes started in this host, in cores (cgroup cpu quota); None: none."""
+    delay_ms: float = 0.0
+    """One-way delay added in each direction of this host's link by a user-space relay (relay.py;
+    costs ~0.05 s CPU per MB outside the host's quota); 0 uses a plain veth (~0.05 ms RTT). The
+    round trip between hosts a and b is about 2 * (a.delay_ms + b.delay_ms)."""
 
     def validate(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -39,6 +43,8 @@ class HostSpec:
                 raise TestbedConfigError(
                     f"host {self.name}: {label}={rate} is outside 0.01..100000 Mbit/s; use None for no cap"
                 )
+        if not 0 <= self.delay_ms <= 5000:
+            raise TestbedConfigError(f"host {self.name}: delay_ms={self.delay_ms} is outside 0..5000")
         if self.cpu_cores is not None and not 0.01 <= self.cpu_cores <= 64:
             raise TestbedConfigError(
                 f"host {self.name}: cpu_cores={self.cpu_cores} is outside 0.01..64; use None for no quota"

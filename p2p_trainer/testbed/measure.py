@@ -94,6 +94,25 @@ def measure_transfer(
     )
 
 
+def measure_rtt_ms(
+    tb: Testbed, src: str, dst: str, count: int = 20, port: int = PROBE_PORT + 1
+) -> list[float]:
+    """Round trips of 1-byte TCP messages from `src` to an echo server in `dst`, in ms, in order."""
+    echo = _probe(tb, dst, "echo", "--port", str(port), "--timeout-s", "30")
+    try:
+        assert echo.stdout is not None
+        ready = echo.stdout.readline()
+        if '"ready"' not in ready:
+            raise TestbedError(f"echo server in {dst} did not start: {ready!r}")
+        client = _probe(tb, src, "rtt", "--host", tb.address(dst), "--port", str(port), "--count", str(count))
+        samples_ms: list[float] = _result_line(client, 60.0)["rtt_ms"]
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+        echo.communicate(timeout=10)
+    return samples_ms
+
+
 @dataclass(frozen=True)
 class CpuShare:
     cpu_s: float

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 BRIDGE = "br0"
 HOST_IF = "eth0"
 _CMD_TIMEOUT_S = 10.0
+RELAY_PATH = Path(__file__).with_name("relay.py")
 
 
 class NetnsError(RuntimeError):
@@ -91,9 +95,44 @@ def add_link(switch_ns: str, switch_if: str, host_ns: str, address: str, prefix_
             host_ns,
         ]
     )
+    _attach(switch_ns, switch_if, host_ns, address, prefix_len)
+
+
+def _attach(switch_ns: str, switch_if: str, host_ns: str, address: str, prefix_len: int) -> None:
     run_cmd(["ip", "-n", switch_ns, "link", "set", switch_if, "master", BRIDGE, "up"])
     run_cmd(["ip", "-n", host_ns, "addr", "add", f"{address}/{prefix_len}", "dev", HOST_IF])
     run_cmd(["ip", "-n", host_ns, "link", "set", HOST_IF, "up"])
+
+
+def add_delayed_link(
+    switch_ns: str, switch_if: str, host_ns: str, address: str, prefix_len: int, delay_ms: float
+) -> subprocess.Popen[str]:
+    """Like `add_link`, through a user-space relay (relay.py) that delays frames by `delay_ms`.
+
+    Returns the relay process. It runs in the host namespace but outside the host's CPU cgroup:
+    the delay line is part of the network, not of the peer.
+    """
+    argv = [sys.executable, str(RELAY_PATH), "--host-if", HOST_IF, "--switch-if", switch_if]
+    argv += ["--delay-ms", str(delay_ms)]
+    relay = subprocess.Popen(
+        ["ip", "netns", "exec", host_ns, *argv],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert relay.stdout is not None
+        ready, _, _ = select.select([relay.stdout], [], [], _CMD_TIMEOUT_S)
+        line = relay.stdout.readline() if ready else ""
+        if '"ready"' not in line:
+            raise NetnsError(f"delay relay for {host_ns} did not start: {line!r}")
+        # the TAP keeps working in its new namespace: the relay holds it by file descriptor
+        run_cmd(["ip", "-n", host_ns, "link", "set", switch_if, "netns", switch_ns])
+        _attach(switch_ns, switch_if, host_ns, address, prefix_len)
+    except BaseException:
+        relay.kill()
+        relay.communicate()
+        raise
+    return relay
 
 
 @dataclass(frozen=True)

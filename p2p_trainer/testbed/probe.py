@@ -4,6 +4,9 @@
     python probe.py send --host A --port 5001 --bytes N --timeout-s 30
                                                 # prints {"bytes": n, "elapsed_s": t, "error": ...}
     python probe.py spin --seconds 2            # busy loop; prints {"cpu_s": c, "wall_s": w}
+    python probe.py echo --port 5002            # prints {"ready": true}, echoes one connection
+    python probe.py rtt --host A --port 5002 --count 20
+                                                # prints {"rtt_ms": [...]}, 1-byte round trips
 
 `send` times from the first byte written until the sink acknowledges having read everything, so
 the time includes draining the link's queue. Each program writes one JSON line as its result.
@@ -56,6 +59,30 @@ def send(host: str, port: int, n_bytes: int, timeout_s: float) -> None:
     _emit({"bytes": sent, "elapsed_s": time.monotonic() - start, "error": error})
 
 
+def echo(port: int, timeout_s: float) -> None:
+    with socket.create_server(("0.0.0.0", port)) as server:
+        server.settimeout(timeout_s)
+        _emit({"ready": True})
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(timeout_s)
+            while data := conn.recv(_CHUNK_BYTES):
+                conn.sendall(data)
+
+
+def rtt(host: str, port: int, count: int, timeout_s: float) -> None:
+    samples_ms = []
+    with socket.create_connection((host, port), timeout=timeout_s) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(count):
+            start = time.monotonic()
+            conn.sendall(b"p")
+            if conn.recv(1) != b"p":
+                raise ConnectionError("echo closed early")
+            samples_ms.append((time.monotonic() - start) * 1000)
+    _emit({"rtt_ms": samples_ms})
+
+
 def spin(seconds: float) -> None:
     wall_start, cpu_start = time.monotonic(), time.process_time()
     counter = 0
@@ -77,8 +104,20 @@ def main(argv: list[str] | None = None) -> None:
     p_send.add_argument("--timeout-s", type=float, default=60.0)
     p_spin = sub.add_parser("spin")
     p_spin.add_argument("--seconds", type=float, required=True)
+    p_echo = sub.add_parser("echo")
+    p_echo.add_argument("--port", type=int, required=True)
+    p_echo.add_argument("--timeout-s", type=float, default=60.0)
+    p_rtt = sub.add_parser("rtt")
+    p_rtt.add_argument("--host", required=True)
+    p_rtt.add_argument("--port", type=int, required=True)
+    p_rtt.add_argument("--count", type=int, default=20)
+    p_rtt.add_argument("--timeout-s", type=float, default=30.0)
     args = parser.parse_args(argv)
-    if args.mode == "sink":
+    if args.mode == "echo":
+        echo(args.port, args.timeout_s)
+    elif args.mode == "rtt":
+        rtt(args.host, args.port, args.count, args.timeout_s)
+    elif args.mode == "sink":
         sink(args.port, args.timeout_s)
     elif args.mode == "send":
         send(args.host, args.port, args.bytes, args.timeout_s)

@@ -10,9 +10,9 @@
         tb.counters("h0").tx_bytes
     # namespaces, links, qdiscs, cgroups and processes are gone here, also after an exception
 
-Latency is not emulated: netem is missing on these kernels, and a user-space delay line (a TUN
-device or a relay per link moving every packet through Python) would cost more CPU than the peers
-have on a 2-core machine and distort the utilisation we measure. Links have ~0.1 ms RTT.
+Latency: netem is missing on these kernels. `HostSpec.delay_ms` > 0 puts a user-space delay line
+(relay.py: two TAP devices and a Python loop) into the host's link instead of a veth; it costs CPU
+outside the peers' quotas, so it is off by default and plain links have ~0.05 ms RTT.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class Host:
     up_rate_mbit: float | None
     down_rate_mbit: float | None
     is_cut: bool = False
+    relay: subprocess.Popen[str] | None = None
+    """The user-space delay line of the link, if `spec.delay_ms` > 0; not one of the host's pids."""
 
 
 class Testbed:
@@ -144,7 +146,11 @@ class Testbed:
             self._hosts[spec.name] = host
             self._namespaces.append(host.netns)
             netns.add_namespace(host.netns)
-            netns.add_link(self.switch_ns, host.switch_if, host.netns, host.address, self.config.prefix_len)
+            link = (self.switch_ns, host.switch_if, host.netns, host.address, self.config.prefix_len)
+            if spec.delay_ms > 0:
+                host.relay = netns.add_delayed_link(*link, delay_ms=spec.delay_ms)
+            else:
+                netns.add_link(*link)
             self._apply_shaping(host)
             if self._root_cgroup is not None:
                 host.cgroup = CpuCgroup(self._root_cgroup.layout, f"{self.name}/{spec.name}")
@@ -174,12 +180,13 @@ class Testbed:
 
     def _teardown(self) -> list[str]:
         errors: list[str] = []
-        pids = self._all_pids() | {pid for pid, p in self._procs.items() if p.poll() is None}
+        relays = [host.relay for host in self._hosts.values() if host.relay is not None]
+        pids = self._all_pids() | {p.pid for p in [*self._procs.values(), *relays] if p.poll() is None}
         socket_ids = processes.p2pd_socket_ids(pids)
         processes.signal_pids(pids, signal.SIGKILL)
-        for proc in self._procs.values():
+        for proc in [*self._procs.values(), *relays]:
             try:
-                proc.wait(timeout=self.config.kill_grace_s)
+                proc.communicate(timeout=self.config.kill_grace_s)
             except subprocess.TimeoutExpired:
                 errors.append(f"process {proc.pid} did not exit after SIGKILL")
         left = processes.wait_gone(pids | self._all_pids(), self.config.kill_grace_s)
@@ -326,7 +333,8 @@ class Testbed:
         """PIDs of all processes in the host (its cgroup and its namespace), children included."""
         host = self.host(name)
         cg = host.cgroup.pids() if host.cgroup is not None else set()
-        return {pid for pid in cg | netns.namespace_pids(host.netns) if processes.is_alive(pid)}
+        relay = {host.relay.pid} if host.relay is not None else set()
+        return {pid for pid in (cg | netns.namespace_pids(host.netns)) - relay if processes.is_alive(pid)}
 
     def _all_pids(self) -> set[int]:
         found: set[int] = set()

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from p2p_trainer.testbed import (
     Testbed,
     TestbedConfig,
     cleanup_stale,
+    measure_rtt_ms,
     measure_transfer,
     uniform_hosts,
 )
@@ -98,6 +100,27 @@ def test_cut_drops_silently_then_heal_restores(testbed_factory: TestbedFactory) 
     healed = measure_transfer(tb, "h0", "h1", MB)
     assert healed.error is None
     assert healed.ratio_to_bound is not None and healed.ratio_to_bound <= 1.15  # the cap is back
+
+
+@pytest.mark.timeout(40)
+def test_user_space_delay_adds_round_trip_time(testbed_factory: TestbedFactory) -> None:
+    hosts = (
+        HostSpec("far", 10.0, 10.0, None, delay_ms=10.0),
+        HostSpec("mid", 10.0, 10.0, None, delay_ms=5.0),
+        HostSpec("near", 10.0, 10.0, None),
+    )
+    tb = testbed_factory(TestbedConfig(hosts=hosts))
+    # RTT = 2 * (one-way delay of the source's link + that of the destination's link)
+    for src, dst, expected_ms in (("far", "mid", 30.0), ("far", "near", 20.0), ("near", "mid", 10.0)):
+        median_ms = statistics.median(measure_rtt_ms(tb, src, dst, count=15))
+        assert expected_ms - 0.5 <= median_ms <= expected_ms + 5.0, (src, dst, median_ms)
+    assert statistics.median(measure_rtt_ms(tb, "near", "near", count=5)) < 1.0
+    result = measure_transfer(tb, "far", "mid", 2 * MB)  # still capped, slow start costs a little
+    assert result.ratio_to_bound is not None and 0.97 <= result.ratio_to_bound <= 1.3, result
+    relay = tb.host("far").relay
+    assert relay is not None and relay.pid not in tb.pids("far")  # the link is not the peer's
+    tb.close()
+    assert relay.returncode is not None
 
 
 @pytest.mark.timeout(30)

@@ -69,13 +69,16 @@ class TestbedConfig:
     name_prefix: str = "p2ptb"
     """Prefix of namespace and cgroup names; instance names are `<prefix>-<pid>-<n>`, so parallel
     testbeds never collide and `cleanup_stale` can recognise leftovers of dead processes."""
-    queue_s: float = 0.02
+    queue_s: float = 0.03
     """Bytes a capped link may queue, as seconds at its rate (tbf `limit`); floored at 3 bursts.
     Shallow on purpose: with 4 hosts streaming in a ring at 10 Mbit/s, 2 MB transfers took
-    1.06-1.21 x bytes/rate at 0.02 s, but up to 1.46 x at 0.1 s and 1.58 x at 0.3 s (acks queue
-    behind data on the shared uplink, and loss recovery slows with the inflated RTT)."""
-    burst_s: float = 0.002
-    """Token bucket depth as seconds at the link rate (tbf `burst`); floored at 15000 bytes."""
+    1.06-1.11 x bytes/rate at 0.02-0.03 s, but up to 1.46 x at 0.1 s and 1.58 x at 0.3 s (acks
+    queue behind data on the shared uplink, and loss recovery slows with the inflated RTT)."""
+    burst_s: float = 0.01
+    """Token bucket depth as seconds at the link rate (tbf `burst`); floored at 15000 bytes. On a
+    loaded 2-core machine the qdisc timer fires late; a bucket shallower than that delay loses
+    link time for good: at 40 Mbit/s, 4 MB took 1.05-1.17 x bytes/rate with 0.002 s and
+    1.03-1.04 x with 0.01 s (load average 5). A 2 MB transfer gains at most one burst from it."""
     thread_env: dict[str, str] = field(
         default_factory=lambda: {
             "OMP_NUM_THREADS": "1",

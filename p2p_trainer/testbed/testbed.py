@@ -25,8 +25,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
@@ -179,30 +180,41 @@ class Testbed:
             logger.info("testbed %s removed", self.name)
 
     def _teardown(self) -> list[str]:
+        """Kill, reap, delete. Every step runs even if an earlier one failed; failures are returned."""
         errors: list[str] = []
+
+        def attempt(what: str, action: Callable[[], object]) -> None:
+            try:
+                action()
+            except Exception as err:  # cleanup goes on; every failure is reported by `close`
+                errors.append(f"{what}: {type(err).__name__}: {err}")
+
         relays = [host.relay for host in self._hosts.values() if host.relay is not None]
-        pids = self._all_pids() | {p.pid for p in [*self._procs.values(), *relays] if p.poll() is None}
-        socket_ids = processes.p2pd_socket_ids(pids)
-        processes.signal_pids(pids, signal.SIGKILL)
-        for proc in [*self._procs.values(), *relays]:
-            try:
-                proc.communicate(timeout=self.config.kill_grace_s)
-            except subprocess.TimeoutExpired:
-                errors.append(f"process {proc.pid} did not exit after SIGKILL")
-        left = processes.wait_gone(pids | self._all_pids(), self.config.kill_grace_s)
-        if left:
-            errors.append(f"processes still alive: {sorted(left)}")
+        pids: set[int] = {p.pid for p in [*self._procs.values(), *relays] if p.poll() is None}
+        socket_ids: set[str] = set()
+
+        def kill_all() -> None:
+            pids.update(self._all_pids())
+            socket_ids.update(processes.p2pd_socket_ids(pids))  # before the kill: cmdlines vanish
+            processes.signal_pids(pids, signal.SIGKILL)
+
+        attempt("kill", kill_all)
+        for proc in self._procs.values():  # the caller owns their pipes: only reap
+            attempt(f"reap {proc.pid}", partial(proc.wait, timeout=self.config.kill_grace_s))
+        for relay in relays:
+            attempt(f"reap relay {relay.pid}", partial(relay.communicate, timeout=self.config.kill_grace_s))
+
+        def check_gone() -> None:
+            left = processes.wait_gone(pids | self._all_pids(), self.config.kill_grace_s)
+            if left:
+                raise TestbedError(f"processes still alive: {sorted(left)}")
+
+        attempt("wait", check_gone)
         for name in reversed(self._namespaces):
-            try:
-                netns.delete_namespace(name)
-            except (netns.NetnsError, OSError, subprocess.TimeoutExpired) as err:
-                errors.append(str(err))
+            attempt(f"netns {name}", partial(netns.delete_namespace, name))
         if self._root_cgroup is not None:
-            try:
-                self._root_cgroup.remove()
-            except OSError as err:
-                errors.append(f"cgroup {self._root_cgroup.path}: {err}")
-        processes.remove_p2pd_sockets(socket_ids)
+            attempt(f"cgroup {self._root_cgroup.path}", self._root_cgroup.remove)
+        attempt("p2pd sockets", lambda: processes.remove_p2pd_sockets(socket_ids))
         return errors
 
     def _close_quietly(self) -> None:

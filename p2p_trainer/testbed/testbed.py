@@ -17,7 +17,6 @@ outside the peers' quotas, so it is off by default and plain links have ~0.05 ms
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
@@ -29,18 +28,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any
 
 from p2p_trainer.testbed import netns, processes
 from p2p_trainer.testbed.cgroup import CpuCgroup, detect_layout
 from p2p_trainer.testbed.config import HostSpec, TestbedConfig, TestbedConfigError
+from p2p_trainer.testbed.guard import CleanupGuard
 from p2p_trainer.testbed.netns import HOST_IF, LinkCounters, ShaperParams
 
 logger = logging.getLogger(__name__)
 
 _instance_counter = itertools.count()
-_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class TestbedError(RuntimeError):
@@ -83,7 +82,7 @@ class Testbed:
         self._hosts: dict[str, Host] = {}
         self._procs: dict[int, subprocess.Popen[Any]] = {}
         self._namespaces: list[str] = []
-        self._prev_handlers: dict[int, Any] = {}
+        self._guard = CleanupGuard(self.name, self._close_quietly, config.install_signal_handlers)
         self._lock = threading.RLock()
         self._started = False
         self._closed = False
@@ -108,8 +107,7 @@ class Testbed:
         problem = netns.support_problem()
         if problem is not None:
             raise TestbedError(problem)
-        atexit.register(self._close_quietly)
-        self._install_signal_handlers()
+        self._guard.install()
         try:
             self._namespaces.append(self.switch_ns)
             netns.add_namespace(self.switch_ns)
@@ -169,8 +167,7 @@ class Testbed:
                 return
             self._closed = True
             errors = self._teardown()
-            self._restore_signal_handlers()
-            atexit.unregister(self._close_quietly)
+            self._guard.uninstall()
         if errors:
             for err in errors:
                 logger.error("testbed %s cleanup: %s", self.name, err)
@@ -219,32 +216,6 @@ class Testbed:
 
     def _close_quietly(self) -> None:
         self.close(raise_errors=False)
-
-    def _install_signal_handlers(self) -> None:
-        if not self.config.install_signal_handlers:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("testbed %s: not in the main thread, no SIGINT/SIGTERM cleanup", self.name)
-            return
-        for sig in _HANDLED_SIGNALS:
-            self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, prev in self._prev_handlers.items():
-            # only undo our own handler; someone who installed one after us keeps theirs
-            if signal.getsignal(sig) == self._on_signal:
-                signal.signal(sig, prev)
-        self._prev_handlers.clear()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        prev = self._prev_handlers.get(signum, signal.SIG_DFL)
-        logger.warning("testbed %s: signal %d, cleaning up", self.name, signum)
-        self.close(raise_errors=False)
-        if callable(prev):
-            prev(signum, frame)
-        elif prev == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
 
     # ------------------------------------------------------------------ hosts and links
 
@@ -386,14 +357,22 @@ class Testbed:
             raise TestbedError(f"pids {sorted(targets)} did not all resume")
         return targets
 
+    def kill_host(self, name: str) -> set[int]:
+        """SIGKILL every process of the host (e.g. a whole peer, or a bootstrap node)."""
+        pids = self.pids(name)
+        self._kill_and_reap(pids)
+        return pids
+
     def kill(self, pid: int, tree: bool = True) -> set[int]:
         """SIGKILL the process (and children), reap it if we started it, remove its p2pd sockets."""
         targets = self._targets(pid, tree)
-        socket_ids = processes.p2pd_socket_ids(targets)  # before the kill: cmdlines vanish with it
-        processes.signal_pids(targets, signal.SIGKILL)
-        proc = self._procs.get(pid)
-        if proc is not None:
-            proc.wait(timeout=self.config.kill_grace_s)
-        processes.wait_gone(targets, self.config.kill_grace_s)
-        processes.remove_p2pd_sockets(socket_ids)
+        self._kill_and_reap(targets)
         return targets
+
+    def _kill_and_reap(self, pids: set[int]) -> None:
+        socket_ids = processes.p2pd_socket_ids(pids)  # before the kill: cmdlines vanish with it
+        processes.signal_pids(pids, signal.SIGKILL)
+        for pid in pids & self._procs.keys():
+            self._procs[pid].wait(timeout=self.config.kill_grace_s)
+        processes.wait_gone(pids, self.config.kill_grace_s)
+        processes.remove_p2pd_sockets(socket_ids)

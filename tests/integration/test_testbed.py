@@ -171,6 +171,12 @@ def test_stall_resume_kill_by_pid_include_children(testbed_factory: TestbedFacto
     assert parent.returncode == -signal.SIGKILL
     assert not tb_processes.is_alive(child)
     assert tb.pids("h0") == set()
+    again = [tb.run("h0", [sys.executable, "-c", code]) for _ in range(2)]
+    while len(tb.pids("h0")) < 4 and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    assert len(tb.kill_host("h0")) == 4  # two parents, two children: a whole host restarts clean
+    assert [proc.returncode for proc in again] == [-signal.SIGKILL] * 2
+    assert tb.pids("h0") == set()
 
 
 @pytest.mark.timeout(30)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,7 +12,8 @@ import time
 import pytest
 
 from p2p_trainer.testbed import HostSpec, TestbedConfig, TestbedConfigError, processes, uniform_hosts
-from p2p_trainer.testbed.netns import LinkCounters, ShaperParams
+from p2p_trainer.testbed.netns import LinkCounters, ShaperParams, support_problem
+from p2p_trainer.testbed.pytest_fixture import skip_unless_supported
 from p2p_trainer.testbed.stale import _owner_pid
 
 
@@ -95,3 +98,16 @@ def test_p2pd_socket_ids_come_from_command_lines() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_without_root_tests_skip_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert support_problem() == "the testbed needs root (network namespaces, tc, cgroups)"
+    with pytest.raises(pytest.skip.Exception, match="WAN testbed unavailable: the testbed needs root"):
+        skip_unless_supported()
+
+
+def test_without_ip_tests_skip_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "ip" else "/usr/sbin/" + tool)
+    assert support_problem() == "`ip` (iproute2) is not installed"

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
@@ -305,7 +304,7 @@ class Testbed:
 
     def _wait_inside(self, host: Host, proc: subprocess.Popen[Any]) -> None:
         """Return once `proc` runs in the host's namespace, so `pids` and `signal` know it."""
-        ns_path = Path("/run/netns") / host.netns
+        ns_path = netns.NETNS_RUN_DIR / host.netns
         deadline = time.monotonic() + self.config.kill_grace_s
         while not processes.same_netns(proc.pid, ns_path) and proc.poll() is None:
             if time.monotonic() > deadline:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -44,6 +45,17 @@ class CleanupGuard:
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, prev)
         self._prev_handlers.clear()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def signals_deferred() -> Iterator[None]:
+        """Hold SIGINT/SIGTERM back while the block runs (a second Ctrl-C must not cut a cleanup
+        short); they are delivered, to whatever handles them then, when it ends."""
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         prev = self._prev_handlers.get(signum, signal.SIG_DFL)

@@ -120,6 +120,13 @@ class Testbed:
         except BaseException:
             self.close(raise_errors=False)
             raise
+        quota_cores = sum(h.spec.cpu_cores or 0.0 for h in self._hosts.values())
+        if quota_cores > (os.cpu_count() or 1):
+            logger.warning(
+                "testbed %s: CPU quotas add up to %.2f cores on a %d-core machine; hosts will get less "
+                "than their quota and utilisation will not mean what it would on dedicated hardware",
+                self.name, quota_cores, os.cpu_count() or 1,
+            )  # fmt: skip
         logger.info("testbed %s up with %d hosts", self.name, len(self._hosts))
 
     def add_host(self, spec: HostSpec) -> Host:
@@ -165,8 +172,9 @@ class Testbed:
             if self._closed:
                 return
             self._closed = True
-            errors = self._teardown()
-            self._guard.uninstall()
+            with CleanupGuard.signals_deferred():
+                errors = self._teardown()
+                self._guard.uninstall()
         if errors:
             for err in errors:
                 logger.error("testbed %s cleanup: %s", self.name, err)

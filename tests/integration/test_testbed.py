@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,7 +202,7 @@ def test_close_removes_everything_also_after_an_exception() -> None:
         _assert_instance_gone(tb.name, cgroup.path.parent if cgroup else None, pids)
 
 
-def _hold_testbed(mode: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def _hold_testbed(mode: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     proc = subprocess.Popen(
         [sys.executable, str(APPS / "hold_testbed.py"), mode],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -218,7 +219,7 @@ def _hold_testbed(mode: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
 def test_signal_cleans_up(sig: signal.Signals, repeat: int) -> None:
     skip_unless_supported()
     proc, info = _hold_testbed("wait")
-    pids = set(info["pids"])  # type: ignore[call-overload]
+    pids = set(info["pids"])
     assert len(pids) == 2 and all(tb_processes.is_alive(pid) for pid in pids)
     for _ in range(repeat):  # an impatient second Ctrl-C lands during the cleanup
         proc.send_signal(sig)
@@ -234,7 +235,7 @@ def test_atexit_cleans_up_a_testbed_left_open() -> None:
     proc, info = _hold_testbed("exit")
     proc.communicate(timeout=20)
     assert proc.returncode == 0
-    _assert_instance_gone(str(info["name"]), Path(str(info["cgroup"])).parent, set(info["pids"]))  # type: ignore[call-overload]
+    _assert_instance_gone(str(info["name"]), Path(str(info["cgroup"])).parent, set(info["pids"]))
 
 
 @pytest.mark.timeout(40)
@@ -243,7 +244,7 @@ def test_cleanup_stale_removes_debris_of_a_dead_instance() -> None:
     proc, info = _hold_testbed("die")
     proc.communicate(timeout=20)
     assert proc.returncode == -signal.SIGKILL
-    name, pids = str(info["name"]), set(info["pids"])  # type: ignore[call-overload]
+    name, pids = str(info["name"]), set(info["pids"])
     assert [ns for ns in tb_netns.list_namespaces() if ns.startswith(f"{name}-")]  # debris is there
     assert any(tb_processes.is_alive(pid) for pid in pids)
     removed = cleanup_stale()
@@ -263,7 +264,7 @@ def test_hivemind_dht_across_namespaces(testbed_factory: TestbedFactory) -> None
         pipe = subprocess.PIPE
         return tb.run(host, argv, env=env, stdin=pipe, stdout=pipe, stderr=subprocess.DEVNULL, text=True)
 
-    def result(proc: subprocess.Popen[str]) -> dict[str, object]:
+    def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line, f"dht node {proc.pid} exited with {proc.poll()}"
@@ -271,7 +272,7 @@ def test_hivemind_dht_across_namespaces(testbed_factory: TestbedFactory) -> None
 
     first = node("h0", "store", "--value", "stored-in-h0")
     stored = result(first)
-    maddrs = [str(m) for m in stored["maddrs"]]  # type: ignore[attr-defined]
+    maddrs = [str(m) for m in stored["maddrs"]]
     assert stored["stored"] is True
     assert maddrs and all(m.startswith(f"/ip4/{tb.address('h0')}/tcp/{port}/p2p/") for m in maddrs)
     second = node("h1", "get", "--initial-peer", maddrs[0], "--timeout-s", "30")

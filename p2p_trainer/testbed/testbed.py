@@ -269,6 +269,14 @@ class Testbed:
         """The host's interface counters: tx_bytes = uploaded, rx_bytes = downloaded."""
         return netns.read_counters(self.host(name).netns)
 
+    def set_cpu(self, name: str, cpu_cores: float | None) -> None:
+        """Change the host's CPU quota at runtime (a straggler: e.g. 0.1 core); None lifts it."""
+        HostSpec(name, cpu_cores=cpu_cores).validate()
+        cgroup = self.host(name).cgroup
+        if cgroup is None:
+            raise TestbedError(f"host {name} has no cgroup on this machine")
+        cgroup.set_quota(cpu_cores)
+
     def throttled_time_s(self, name: str) -> float:
         """How long the host's processes were held back by the CPU quota so far (0 without cgroup)."""
         cgroup = self.host(name).cgroup

@@ -20,6 +20,7 @@ from p2p_trainer.testbed import (
     Testbed,
     TestbedConfig,
     cleanup_stale,
+    measure_cpu_share,
     measure_rtt_ms,
     measure_transfer,
     uniform_hosts,
@@ -155,6 +156,8 @@ def test_cpu_quota_caps_a_busy_loop(testbed_factory: TestbedFactory) -> None:
     for name, quota in (("small", 0.2), ("peer", 0.45)):
         assert 0.6 * quota <= cores[name] <= quota + 0.02, cores
         assert tb.throttled_time_s(name) > 0.2  # the quota, not contention, held it back
+    tb.set_cpu("peer", 0.1)  # a straggler from now on
+    assert measure_cpu_share(tb, "peer", seconds=1.5).cores <= 0.12
 
 
 @pytest.mark.timeout(30)

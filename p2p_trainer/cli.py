@@ -17,6 +17,7 @@ from p2p_trainer.data import DataError
 from p2p_trainer.logs import setup_logging
 from p2p_trainer.net.bootstrap_command import bootstrap
 from p2p_trainer.net.signals import install_stop_handlers
+from p2p_trainer.sim.command import simulate
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "peers" / "default.toml"
 
@@ -72,6 +73,7 @@ def main(log_level: str) -> None:
 
 
 main.add_command(bootstrap)
+main.add_command(simulate)
 
 
 @main.command()

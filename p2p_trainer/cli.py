@@ -112,6 +112,13 @@ main.add_command(simulate)
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
 @click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
+@click.option("--data-key", default=None, help="Seeds this peer's data stream (default: its peer id).")
+@click.option(
+    "--swarm",
+    default="default",
+    show_default=True,
+    help="Name of the swarm to join on these bootstrap nodes.",
+)
 def join(
     config: str | None,
     method: str | None,
@@ -128,6 +135,8 @@ def join(
     resume: bool,
     torch_threads: int | None,
     device: str,
+    data_key: str | None,
+    swarm: str,
 ) -> None:
     """Join a swarm as a training peer."""
     from p2p_trainer.net.addresses import AddressError
@@ -156,6 +165,8 @@ def join(
         max_minutes=max_minutes,
         resume=resume,
         device=device,
+        data_key=data_key,
+        swarm=swarm,
     )
     try:
         sys.exit(run_peer(opts, stop))

@@ -94,6 +94,8 @@ def start_peer(
         str(opts.peers),
         "--torch-threads",
         str(threads),
+        "--data-key",
+        f"peer{i}",  # the same streams as the in-process reference's peer i
     ]
     if opts.max_minutes:
         argv += ["--max-minutes", str(opts.max_minutes)]

@@ -47,6 +47,11 @@ class JoinOptions:
     resume: bool = False
     """Continue from run_dir/checkpoint.safetensors if it exists."""
     device: str = "cpu"
+    data_key: str | None = None
+    """Seeds this peer's data stream; None uses the peer id (distinct per identity)."""
+    swarm: str = "default"
+    """Name of the swarm to join (several runs can share bootstrap nodes under different names)."""
+    """Seeds this peer's data stream; None uses the peer id (distinct per identity)."""
 
 
 def _late_join(
@@ -80,7 +85,9 @@ def _late_join(
 
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     cfg, run_id = opts.run, opts.run.run_id()
-    node = join_swarm(opts.dht, run_name=run_id, run_definition=cfg.run_definition(), stop=stop)
+    # The swarm name scopes the DHT records; the run definition is then checked against the swarm's,
+    # so a peer with a different model/method/data/seed is refused instead of forming its own swarm.
+    node = join_swarm(opts.dht, run_name=opts.swarm, run_definition=cfg.run_definition(), stop=stop)
     transport = view = None
     metrics = MetricsWriter(opts.run_dir / "metrics.jsonl")
     try:
@@ -88,14 +95,14 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         corpus = load_corpus(cfg.data, cfg.model.seq_len)
         n_floats = build_model(cfg.model, cfg.seed).num_params()
         transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024)
-        view = SwarmView(node, run_id)
+        view = SwarmView(node, opts.swarm)
         tokens_per_round = (
             cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len
         )
         exchange = NetworkExchange(
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )
-        peer = Peer(cfg, exchange, corpus, peer_key=node.peer_id, device=opts.device)
+        peer = Peer(cfg, exchange, corpus, peer_key=opts.data_key or node.peer_id, device=opts.device)
         server = StateServer(transport, run_id)
         ckpt = opts.run_dir / "checkpoint.safetensors"
         started = time.monotonic()

@@ -15,7 +15,7 @@ from p2p_trainer.local_inprocess import InProcessResult, run_inprocess
 
 logger = logging.getLogger(__name__)
 
-ROUNDS, H, PEERS = 15, 20, 4
+ROUNDS, H, PEERS = 30, 10, 4
 
 
 def _cfg(method: str, **outer: float) -> RunConfig:
@@ -62,7 +62,8 @@ def test_every_method_learns(results: dict[str, InProcessResult]) -> None:
 
 @pytest.mark.timeout(900)
 def test_ordering_per_token(results: dict[str, InProcessResult]) -> None:
-    mean = {k: sum(r.val_loss) / len(r.val_loss) for k, r in results.items()}
+    # the five methods; NoLoCo with γ = 0 is an ablation, not a method
+    mean = {k: sum(r.val_loss) / len(r.val_loss) for k, r in results.items() if k != "noloco-gamma0"}
     assert mean["data-parallel"] == min(mean.values()), mean
     assert mean["independent"] == max(mean.values()), mean
 

@@ -62,7 +62,7 @@ def test_training_works_across_two_namespaces(testbed_factory: TestbedFactory, t
             "--torch-threads",
             "1",
         ]
-        log = open(tmp_path / f"peer{i}.log", "w")  # noqa: SIM115 (closed below)
+        log = open(tmp_path / f"peer{i}.log", "w")
         peers.append((tb.run(host, argv, stdout=log, stderr=log), log))
     try:
         for proc, _ in peers:

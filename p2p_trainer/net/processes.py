@@ -126,3 +126,27 @@ def cleanup_daemons(daemons: list[DaemonProcess], grace_s: float) -> None:
         logger.info(
             "p2pd %d of the failed start exited; removed its leftover files %s", daemon.pid, leftovers
         )
+
+
+def own_unix_socket_paths(prefix: str = "/tmp/hivemind-") -> list[Path]:
+    """Paths of the unix sockets this process holds open (e.g. a P2P replica's client socket).
+
+    Found through /proc (our fds' socket inodes matched against /proc/net/unix), so only our own
+    files are ever removed, never another process's.
+    """
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    paths = []
+    with open("/proc/net/unix") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith(prefix):
+                paths.append(Path(fields[7]))
+    return paths

@@ -23,6 +23,8 @@ import msgpack
 from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
 
+from p2p_trainer.net.processes import own_unix_socket_paths, remove_files
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -190,6 +192,9 @@ class Transport:
             writer.close()
 
     def close(self) -> None:
+        # the replica's client socket file is ours to remove: p2pd does not unlink it on shutdown
+        own_sockets = own_unix_socket_paths()
+
         async def stop() -> None:
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
                 await self.p2p.remove_binary_stream_handler(PROTOCOL)
@@ -200,3 +205,4 @@ class Transport:
                 self.run(stop(), timeout_s=5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+        remove_files(own_sockets)

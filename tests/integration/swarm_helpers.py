@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 from pathlib import Path
@@ -30,8 +29,58 @@ def local_options(tmp: Path, cfg: RunConfig, peers: int) -> LocalOptions:
     return LocalOptions(config_path=path, run=cfg, peers=peers, run_dir=tmp, torch_threads=1)
 
 
-def sockets() -> set[str]:
-    return set(glob.glob("/tmp/hivemind-p2p*.sock"))
+def _unix_paths_by_inode() -> dict[str, str]:
+    with open("/proc/net/unix") as table:
+        next(table)
+        return {f[6]: f[7] for f in (line.split() for line in table) if len(f) >= 8}
+
+
+def tree_pids(root: int) -> set[int]:
+    """`root` and all its live descendants (whatever session or group they moved to)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        kids = [c for c, p in parent.items() if p == pid and c not in found]
+        found.update(kids)
+        frontier.extend(kids)
+    return found
+
+
+def held_sockets(roots: list[int]) -> set[str]:
+    """hivemind socket files held open by these processes and their descendants.
+
+    Taken while a test's processes run; after they stop, none of these files may remain. Only
+    files of this test's own processes are checked, so other work on a shared machine cannot
+    make the check fail or pass.
+    """
+    by_inode = _unix_paths_by_inode()
+    paths = set()
+    for root in roots:
+        for pid in tree_pids(root):
+            try:
+                fds = list(Path(f"/proc/{pid}/fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:[") and target[8:-1] in by_inode:
+                    paths.add(by_inode[target[8:-1]])
+    return {p for p in paths if p.startswith("/tmp/hivemind-")}
+
+
+def remaining(paths: set[str]) -> set[str]:
+    return {p for p in paths if Path(p).exists()}
 
 
 def rounds_of(run_dir: Path, i: int) -> list[dict[str, object]]:

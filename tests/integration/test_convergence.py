@@ -52,7 +52,7 @@ def results() -> dict[str, InProcessResult]:
     return out
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 def test_every_method_learns(results: dict[str, InProcessResult]) -> None:
     for name, r in results.items():
         assert r.failed_exchanges == 0, name
@@ -60,7 +60,7 @@ def test_every_method_learns(results: dict[str, InProcessResult]) -> None:
         assert r.tokens == PEERS * ROUNDS * H * 8 * 64
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 def test_ordering_per_token(results: dict[str, InProcessResult]) -> None:
     # the five methods; NoLoCo with γ = 0 is an ablation, not a method
     mean = {k: sum(r.val_loss) / len(r.val_loss) for k, r in results.items() if k != "noloco-gamma0"}
@@ -68,7 +68,7 @@ def test_ordering_per_token(results: dict[str, InProcessResult]) -> None:
     assert mean["independent"] == max(mean.values()), mean
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)
 def test_gamma_keeps_noloco_peers_together(results: dict[str, InProcessResult]) -> None:
     with_gamma = results["noloco"].consensus_distance
     without = results["noloco-gamma0"].consensus_distance

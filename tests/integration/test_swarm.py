@@ -15,9 +15,10 @@ from p2p_trainer.procs import Child, wait_all
 from tests.integration.swarm_helpers import (
     final_of,
     group_gone,
+    held_sockets,
     local_options,
+    remaining,
     rounds_of,
-    sockets,
     tiny_config,
     wait_until,
 )
@@ -33,12 +34,13 @@ def _stop_all(children: list[Child]) -> None:
 
 @pytest.mark.parametrize("method", ["diloco"])
 def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str) -> None:
-    before = sockets()
     opts = local_options(tmp_path, tiny_config(method, rounds=ROUNDS), peers=3)
     boot, initial = start_bootstrap(tmp_path, 60)
     children = [boot]
     try:
         children += [start_peer(opts, i, initial, threads=1) for i in range(3)]
+        assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180)
+        held = held_sockets([c.pid for c in children])
         assert wait_all(children[1:], timeout_s=240), "peers did not finish their rounds"
         assert all(c.proc.returncode == 0 for c in children[1:])
     finally:
@@ -55,11 +57,10 @@ def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str
             torch.testing.assert_close(a, b)
     for c in children:
         assert group_gone(c.pid), f"{c.name}'s processes survived"
-    assert sockets() <= before, f"left socket files: {sockets() - before}"
+    assert held and not remaining(held), f"left socket files: {remaining(held)}"
 
 
 def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
-    before = sockets()
     cfg = tiny_config("factored", rounds=120)
     opts = local_options(tmp_path, cfg, peers=3)
     boot, initial = start_bootstrap(tmp_path, 60)
@@ -68,6 +69,8 @@ def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
         children += [start_peer(opts, i, initial, threads=1) for i in range(3)]
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 4, 180), "the swarm did not get going"
         children.append(start_peer(opts, 3, initial, threads=1, extra=["--wait-for-peers", "1"]))
+        assert wait_until(lambda: len(rounds_of(tmp_path, 3)) >= 1, 180)
+        held = held_sockets([c.pid for c in children])
         assert wait_all(children[1:], timeout_s=240)
         assert all(c.proc.returncode == 0 for c in children[1:])
     finally:
@@ -80,17 +83,17 @@ def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
     assert abs(losses[3] - sum(losses[:3]) / 3) < 0.1, losses
     for c in children:
         assert group_gone(c.pid)
-    assert sockets() <= before
+    assert held and not remaining(held)
 
 
 def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(tmp_path: Path) -> None:
-    before = sockets()
     opts = local_options(tmp_path, tiny_config("factored", rounds=100_000), peers=1)
     boot, initial = start_bootstrap(tmp_path, 60)
     children = [boot]
     try:
         children.append(start_peer(opts, 0, initial, threads=1))
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180), "peer0 did not start training"
+        held = held_sockets([c.pid for c in children])
         dup = subprocess.run(
             [
                 sys.executable,
@@ -121,4 +124,4 @@ def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(tmp_path: Path)
     assert (tmp_path / "peer0" / "checkpoint.safetensors").exists()
     for c in children:
         assert group_gone(c.pid)
-    assert sockets() <= before
+    assert held and not remaining(held)

@@ -241,8 +241,10 @@ def run_local(opts: LocalOptions, show: bool = True) -> dict[str, Any]:
         children = [start_peer(opts, i, initial, opts.torch_threads) for i in range(opts.peers)]
         _watch(opts, children, stop, show)
     finally:
+        for c in children:  # all at once: a peer waiting on an already-stopped partner would stall
+            c.send(signal.SIGINT)
         for c in children:
-            c.stop(timeout_s=30)
+            c.stop(timeout_s=60)
         boot.stop(timeout_s=15)
         for s, h in previous.items():
             signal.signal(s, h)

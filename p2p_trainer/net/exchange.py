@@ -4,7 +4,10 @@ Groups are derived from (run seed, tag, round, gossip step) and the live set the
 the in-process backend, so no matchmaking round-trips are needed and groups change every round.
 The member list is hashed into the exchange key: peers whose views of the swarm differ (a join
 or a death not yet seen by all) simply do not meet, and time out into `Failed` instead of
-mixing inconsistent parts.
+mixing inconsistent parts. Waiting is bounded by the request's quorum and grace window
+(`allreduce.py`); peers that a failed send marked suspect (`health.py`) are left out of groups
+until their suspicion expires, so a dead peer stops costing grace windows before its heartbeat
+expires everywhere.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from p2p_trainer.exchange import ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.grace import quorum_size
 from p2p_trainer.groups import group_of, group_seed
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Transport
 
 
@@ -55,6 +60,10 @@ class _Pending:
                 res.bytes_sent,
                 res.bytes_received,
                 res.elapsed_s,
+                res.left_out,
+                res.own_parts,
+                res.quorum_s,
+                res.sync_s,
             )
         return res
 
@@ -69,18 +78,36 @@ class NetworkExchange:
         run_id: str,
         seed: int,
         max_weight: float = math.inf,
+        health: PeerHealth | None = None,
     ) -> None:
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id
+        self.health = health or PeerHealth()
+
+    def _live(self) -> set[str]:
+        return {p for p in self.live_peers() if not self.health.suspect(p)} | {self.me}
+
+    def _gone(self, peer: str) -> bool:
+        return self.health.suspect(peer) or peer not in self.live_peers()
 
     def _group(self, request: ExchangeRequest) -> GroupSpec:
-        live = sorted(set(self.live_peers()) | {self.me})
+        live = sorted(self._live())
         seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
         _, members = group_of(self.me, live, request.group_size, seed)
         digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
-        key = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/{digest}"
-        return GroupSpec(key=key, members=members, me=self.me, max_weight=self.max_weight)
+        prefix = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/"
+        return GroupSpec(
+            key=prefix + digest,
+            members=members,
+            me=self.me,
+            max_weight=self.max_weight,
+            quorum=quorum_size(len(members), request.quorum_fraction),
+            quorum_wait_s=request.quorum_wait_s,
+            grace_s=request.grace_s,
+            result_wait_s=request.result_wait_s,
+            view_prefix=prefix,
+        )
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _Pending:
         like = [t.detach() for t in tensors]
@@ -91,14 +118,16 @@ class NetworkExchange:
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
             return _Pending(done, like)
-        fut = self.transport.submit(butterfly_average(self.transport, group, flat, request.weight, deadline))
+        fut = self.transport.submit(
+            butterfly_average(self.transport, group, flat, request.weight, deadline, self.health, self._gone)
+        )
         return _Pending(fut, like)
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         return self.start(tensors, request).result(request.timeout_s + 1.0)
 
     def num_live_peers(self) -> int:
-        return len(set(self.live_peers()) | {self.me})
+        return len(self._live())
 
     def close(self) -> None:
         self.transport.close()

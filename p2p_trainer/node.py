@@ -47,6 +47,9 @@ class JoinOptions:
     resume: bool = False
     """Continue from run_dir/checkpoint.safetensors if it exists."""
     device: str = "cpu"
+    catch_up_lag_rounds: int = 3
+    """A peer this many rounds behind the most advanced live peer (after a stall, a cut link or a
+    resume) downloads the swarm's state instead of training alone; 0 never catches up."""
 
 
 def _late_join(
@@ -78,6 +81,34 @@ def _late_join(
         time.sleep(2.0)
 
 
+def _catch_up(peer: Peer, view: SwarmView, transport: Transport, run_id: str, lag_rounds: int) -> int | None:
+    """Adopt the state of a peer `lag_rounds` or more ahead; returns the round left behind, or None.
+
+    Groups meet only within one round, so a peer left behind (stalled, cut off) would otherwise
+    average with nobody for the rest of the run.
+    """
+    if lag_rounds <= 0:
+        return None
+    ahead = sorted(
+        (
+            h
+            for h in view.heartbeats()
+            if h.peer_id != transport.peer_id and h.round - peer.state.round >= lag_rounds
+        ),
+        key=lambda h: -h.round,
+    )
+    behind = peer.state.round
+    for donor in ahead[:3]:
+        got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=30)
+        if isinstance(got, Failed):
+            logger.warning("catch-up download: %s", got.reason.splitlines()[0])
+            continue
+        adopt_state(peer, got)
+        logger.info("caught up: round %d -> %d from %s", behind, got.round, donor.peer_id[-8:])
+        return behind
+    return None
+
+
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     cfg, run_id = opts.run, opts.run.run_id()
     node = join_swarm(opts.dht, run_name=run_id, run_definition=cfg.run_definition(), stop=stop)
@@ -101,7 +132,9 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         started = time.monotonic()
         metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})
         if opts.resume and ckpt.exists():
-            logger.info("resumed round %d (state %s)", peer.state.round, load_checkpoint(peer, ckpt)[:12])
+            resumed_hash = load_checkpoint(peer, ckpt)
+            logger.info("resumed round %d (state %s)", peer.state.round, resumed_hash[:12])
+            metrics.write({"kind": "resume", "round": peer.state.round, "state_hash": resumed_hash})
         elif not _late_join(peer, view, transport, run_id):
             live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
             logger.info("starting from the seed's weights with %d live peers", live)
@@ -117,6 +150,10 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
                 m.tokens / max(1e-9, m.wall_s),
             )
             metrics.write(round_record(node.peer_id, m, started))
+            behind = _catch_up(peer, view, transport, run_id, opts.catch_up_lag_rounds)
+            if behind is not None:
+                metrics.write({"kind": "catch_up", "from_round": behind, "to_round": peer.state.round})
+                server.publish(peer.state)
             if peer.state.round % opts.checkpoint_every == 0:
                 save_checkpoint(peer, ckpt)
         final_hash = save_checkpoint(peer, ckpt)

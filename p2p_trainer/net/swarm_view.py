@@ -41,9 +41,9 @@ class SwarmView:
         self._thread = threading.Thread(target=self._loop, name="swarm-view", daemon=True)
         self._thread.start()
 
-    def _refresh(self) -> None:
+    def _beat(self, leaving: bool = False) -> records.Heartbeat:
         st = self.status
-        beat = records.Heartbeat(
+        return records.Heartbeat(
             peer_id=self.node.peer_id,
             round=st.round,
             tokens_processed=st.tokens_processed,
@@ -51,9 +51,12 @@ class SwarmView:
             throughput_tokens_per_s=st.throughput_tokens_per_s,
             software_version=__version__,
             timestamp=records.now(),
+            leaving=leaving,
         )
+
+    def _refresh(self) -> None:
         try:
-            records.publish_heartbeat(self.node, self.run_name, beat, self.ttl_s)
+            records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s)
             peers = records.list_live_peers(self.node, self.run_name)
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
             logger.warning("heartbeat refresh failed: %s", exc)
@@ -81,5 +84,10 @@ class SwarmView:
         return len(set(self.live_peers()) | {self.node.peer_id})
 
     def close(self) -> None:
+        """Stop heartbeating and withdraw: a tombstone replaces this peer's heartbeat record."""
         self._stop.set()
         self._thread.join(timeout=self.period_s + 5)
+        try:
+            records.publish_heartbeat(self.node, self.run_name, self._beat(leaving=True), self.ttl_s)
+        except (records.RecordError, TimeoutError, RuntimeError) as exc:
+            logger.warning("could not withdraw the heartbeat (it expires in %.0f s): %s", self.ttl_s, exc)

@@ -76,6 +76,15 @@ main.add_command(bootstrap)
 main.add_command(simulate)
 
 
+def _kill_point(text: str | None) -> tuple[str, int] | None:
+    from p2p_trainer.net.self_kill import parse_kill_at
+
+    try:
+        return None if text is None else parse_kill_at(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kill-self-at") from None
+
+
 @main.command()
 @config_option
 @method_option
@@ -112,6 +121,9 @@ main.add_command(simulate)
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
 @click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
+@click.option(
+    "--kill-self-at", default=None, hidden=True, help="Test tool: PHASE:ROUND to SIGKILL this node at."
+)
 def join(
     config: str | None,
     method: str | None,
@@ -128,6 +140,7 @@ def join(
     resume: bool,
     torch_threads: int | None,
     device: str,
+    kill_self_at: str | None,
 ) -> None:
     """Join a swarm as a training peer."""
     from p2p_trainer.net.addresses import AddressError
@@ -156,6 +169,7 @@ def join(
         max_minutes=max_minutes,
         resume=resume,
         device=device,
+        kill_self_at=_kill_point(kill_self_at),
     )
     try:
         sys.exit(run_peer(opts, stop))

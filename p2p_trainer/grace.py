@@ -48,7 +48,8 @@ class GraceTracker:
     """EMAs of step, quorum and sync times that set the next grace window.
 
     The trainer reports step times, the methods report each blocking exchange's quorum and sync
-    times. Before any step has been timed, the window is `max_s` (nothing is known yet).
+    times. Until a step and an exchange have been timed, the window is `max_s`: nothing is known
+    yet, and the first round also absorbs the peers' start-up skew.
     """
 
     overlap_steps: float
@@ -74,7 +75,7 @@ class GraceTracker:
         self._seen_exchange = True
 
     def window_s(self) -> float:
-        if self.t_step_s is None:
+        if self.t_step_s is None or not self._seen_exchange:
             return self.max_s
         return grace_window_s(
             self.t_step_s,

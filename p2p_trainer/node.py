@@ -23,6 +23,7 @@ from p2p_trainer.model import build_model
 from p2p_trainer.net.dht import DHTConfig
 from p2p_trainer.net.exchange import NetworkExchange
 from p2p_trainer.net.join import join_swarm
+from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.state_sync import StateServer, download_state
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
@@ -47,6 +48,8 @@ class JoinOptions:
     resume: bool = False
     """Continue from run_dir/checkpoint.safetensors if it exists."""
     device: str = "cpu"
+    kill_self_at: tuple[str, int] | None = None
+    """Test tool: (phase, round) at which this node SIGKILLs itself (`net/self_kill.py`)."""
     catch_up_lag_rounds: int = 3
     """A peer this many rounds behind the most advanced live peer (after a stall, a cut link or a
     resume) downloads the swarm's state instead of training alone; 0 never catches up."""
@@ -127,6 +130,9 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )
         peer = Peer(cfg, exchange, corpus, peer_key=node.peer_id, device=opts.device)
+        if opts.kill_self_at is not None:
+            exchange.fault_hook = SelfKill(*opts.kill_self_at)
+            peer.on_phase.append(exchange.fault_hook)
         server = StateServer(transport, run_id)
         ckpt = opts.run_dir / "checkpoint.safetensors"
         started = time.monotonic()

@@ -75,6 +75,8 @@ class Peer:
         self.tokens = 0
         self.tokens_since_merge = 0
         self.on_round: list[Callable[[RoundMetrics], None]] = []
+        self.on_phase: list[Callable[[str, int], None]] = []
+        """Called with ("inner", round) halfway through the inner steps (fault injection in tests)."""
 
     # --------------------------------------------------------------------------- the algorithm
     def run_round(self) -> RoundMetrics:
@@ -82,7 +84,10 @@ class Peer:
         report = RoundReport(self.state.round)
         self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
         losses = []
-        for _ in range(self.cfg.outer.num_inner_steps):
+        for i in range(self.cfg.outer.num_inner_steps):
+            if i == self.cfg.outer.num_inner_steps // 2:
+                for hook in self.on_phase:
+                    hook("inner", self.state.round)
             losses.append(self.inner_step(report))
         compute_s = time.monotonic() - t_round - report.blocked_s
         self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step

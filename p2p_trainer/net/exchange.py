@@ -25,6 +25,7 @@ from p2p_trainer.grace import quorum_size
 from p2p_trainer.groups import group_of, group_seed
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
 from p2p_trainer.net.health import PeerHealth
+from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.transport import Transport
 
 
@@ -84,6 +85,8 @@ class NetworkExchange:
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id
         self.health = health or PeerHealth()
+        self.fault_hook: SelfKill | None = None
+        """Test tool: called with ("mix1" | "exchange", round) once this peer has contributed."""
 
     def _live(self) -> set[str]:
         return {p for p in self.live_peers() if not self.health.suspect(p)} | {self.me}
@@ -118,9 +121,15 @@ class NetworkExchange:
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
             return _Pending(done, like)
+        sent_before = self.transport.bytes_sent
         fut = self.transport.submit(
             butterfly_average(self.transport, group, flat, request.weight, deadline, self.health, self._gone)
         )
+        phase = "mix1" if request.tag == "mix1" else "exchange"
+        if self.fault_hook is not None and self.fault_hook.wants(phase, request.round):
+            while self.transport.bytes_sent == sent_before and time.monotonic() < deadline and not fut.done():
+                time.sleep(0.001)
+            self.fault_hook(phase, request.round)
         return _Pending(fut, like)
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:

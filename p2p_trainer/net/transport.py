@@ -203,6 +203,11 @@ class Transport:
 
     def close(self) -> None:
         async def stop() -> None:
+            # background sends to peers that never answered: cancel them, do not leave them pending
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
                 await self.p2p.remove_binary_stream_handler(PROTOCOL)
                 await self.p2p.shutdown()

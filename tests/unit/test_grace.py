@@ -31,10 +31,12 @@ def test_tracker_uses_emas_and_starts_at_the_cap() -> None:
     t = GraceTracker(overlap_steps=4, gamma=1.0, min_s=0.0, max_s=30.0, decay=0.5)
     assert t.window_s() == 30.0  # nothing measured yet
     t.observe_step(1.0)
+    assert t.window_s() == 30.0  # no exchange timed yet
+    t.observe_exchange(quorum_s=0.0, sync_s=0.0)
     assert t.window_s() == pytest.approx(4.0)
     t.observe_step(3.0)  # EMA: 0.5·1 + 0.5·3 = 2
     assert t.t_step_s == pytest.approx(2.0)
-    t.observe_exchange(quorum_s=1.0, sync_s=0.5)
+    t.observe_exchange(quorum_s=2.0, sync_s=1.0)  # EMA from 0: 1.0 and 0.5
     assert t.window_s() == pytest.approx(4 * 2.0 - 1.0 - 0.5)
     t.observe_exchange(quorum_s=3.0, sync_s=0.5)
     assert t.t_quorum_s == pytest.approx(2.0)

@@ -1,0 +1,188 @@
+"""Resilience with real processes: killed, stalled and cut-off peers, a dead bootstrap, SIGTERM+resume.
+
+Every survivor must finish its rounds, and its longest pause (a round's `blocked_s`) must stay
+below the configured bound `outer.pause_bound_s` (quorum wait + 3 grace windows, here 4 + 3·2 s),
+far below the 60 s exchange timeout. The measured pauses are printed (run with `-s`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2p_trainer.config import RunConfig
+from p2p_trainer.local import start_bootstrap, start_peer
+from p2p_trainer.metrics import read_records
+from p2p_trainer.procs import Child, wait_all
+from tests.integration.swarm_helpers import (
+    final_of,
+    group_gone,
+    local_options,
+    rounds_of,
+    tiny_config,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(180)
+SLACK_S = 1.0
+"""Scheduling noise on a shared 2-core machine, on top of the bound."""
+RESILIENT = {
+    "quorum_wait_max_s": 4.0,
+    "grace_max_s": 2.0,
+    "grace_min_s": 0.5,
+    "mix1_grace_s": 2.0,
+}
+
+
+def _config(method: str, rounds: int, h: int = 20) -> RunConfig:
+    return tiny_config(method, rounds=rounds, h=h, **RESILIENT)
+
+
+class Swarm:
+    """A bootstrap node and `n` peers of one run in `run_dir`; everything stopped and reaped at exit."""
+
+    def __init__(
+        self, run_dir: Path, cfg: RunConfig, n: int, extra: dict[int, list[str]] | None = None
+    ) -> None:
+        self.run_dir, self.cfg, self.n = run_dir, cfg, n
+        self.opts = local_options(run_dir, cfg, peers=n)
+        self.boot, self.initial = start_bootstrap(run_dir, 60)
+        self.peers: dict[int, Child] = {}
+        for i in range(n):
+            self.start(i, (extra or {}).get(i, []))
+
+    def start(self, i: int, extra: list[str]) -> Child:
+        self.peers[i] = start_peer(self.opts, i, self.initial, threads=1, extra=extra)
+        return self.peers[i]
+
+    def rounds(self, i: int) -> list[dict[str, Any]]:
+        return rounds_of(self.run_dir, i)
+
+    def close(self) -> None:
+        for c in self.peers.values():
+            c.stop(timeout_s=20)
+        self.boot.stop(timeout_s=15)
+        for c in [*self.peers.values(), self.boot]:
+            assert group_gone(c.pid), f"{c.name}'s processes survived"
+
+
+def _max_pause(rounds: list[dict[str, Any]]) -> float:
+    return max(float(r["blocked_s"]) for r in rounds)
+
+
+def _merged(rounds: list[dict[str, Any]]) -> list[bool]:
+    """Per round: did every exchange merge with another peer, with no part kept as own values?"""
+    return [
+        bool(r["exchanges"])
+        and all(e["ok"] and e["group_size"] >= 2 and e["own_parts"] == 0 for e in r["exchanges"])
+        for r in rounds
+    ]
+
+
+def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
+    assert wait_all([swarm.peers[i] for i in survivors], timeout_s=150), f"{label}: survivors did not finish"
+    pauses = []
+    for i in survivors:
+        assert swarm.peers[i].proc.returncode == 0, f"{label}: peer{i} crashed"
+        rounds = swarm.rounds(i)
+        assert [r["round"] for r in rounds] == list(range(swarm.cfg.rounds)), (
+            f"{label}: peer{i} skipped rounds"
+        )
+        final = final_of(swarm.run_dir, i)
+        assert final is not None and final["round"] == swarm.cfg.rounds
+        pauses.append(_max_pause(rounds))
+        assert all(_merged(rounds[-5:])), f"{label}: peer{i} does not merge with the others at the end"
+    bound = swarm.cfg.outer.pause_bound_s
+    print(f"\n{label}: survivors' longest pause {max(pauses):.2f} s (bound {bound:.1f} s + {SLACK_S} s)")
+    assert max(pauses) < bound + SLACK_S, (label, pauses)
+    return max(pauses)
+
+
+# --------------------------------------------------------------------------- a peer killed at each phase
+
+
+@pytest.mark.parametrize(
+    ("phase", "method"), [("inner", "diloco"), ("mix1", "factored"), ("exchange", "diloco")]
+)
+def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: str, method: str) -> None:
+    cfg = _config(method, rounds=20)
+    swarm = Swarm(tmp_path, cfg, 3, extra={2: ["--kill-self-at", f"{phase}:4"]})
+    try:
+        assert wait_until(lambda: not swarm.peers[2].alive(), 120), "the victim did not die"
+        assert swarm.peers[2].proc.returncode == -signal.SIGKILL
+        assert len(swarm.rounds(2)) == 4  # it died in round 4, before reporting it
+        _survivors_ok(swarm, [0, 1], f"SIGKILL during {phase} ({method})")
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- stall, then recover
+
+
+def test_stalled_peer_is_left_out_then_merges_again(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=80)
+    swarm = Swarm(tmp_path, cfg, 3)
+    victim = swarm.peers[2]
+    try:
+        assert wait_until(lambda: len(swarm.rounds(2)) >= 3, 120), "the swarm did not get going"
+        os.killpg(victim.pid, signal.SIGSTOP)  # the whole node: trainer, DHT process, p2pd
+        stalled_at = len(swarm.rounds(0))
+        time.sleep(12.0)  # longer than the heartbeat TTL (8 s)
+        os.killpg(victim.pid, signal.SIGCONT)
+        assert len(swarm.rounds(0)) > stalled_at + 3, "survivors did not keep training during the stall"
+        _survivors_ok(swarm, [0, 1], "SIGSTOP for 12 s")
+        assert wait_all([victim], 60) and victim.proc.returncode == 0
+        records = read_records(tmp_path / "peer2" / "metrics.jsonl")
+        assert any(r["kind"] == "catch_up" for r in records), "the stalled peer did not catch up"
+        assert all(_merged(swarm.rounds(2)[-5:])), "the stalled peer does not merge again"
+        left_out = [r for r in swarm.rounds(0) if any(e["left_out"] for e in r["exchanges"])]
+        assert left_out, "the stalled peer was never left out"
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- the bootstrap node dies
+
+
+def test_bootstrap_death_does_not_stop_a_running_swarm(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=20)
+    swarm = Swarm(tmp_path, cfg, 3)
+    try:
+        assert wait_until(lambda: all(len(swarm.rounds(i)) >= 3 for i in range(3)), 120)
+        os.killpg(swarm.boot.pid, signal.SIGKILL)
+        killed_at = len(swarm.rounds(0))
+        pause = _survivors_ok(swarm, [0, 1, 2], "bootstrap SIGKILLed")
+        after = [r for r in swarm.rounds(0) if r["round"] >= killed_at]
+        assert after and all(_merged(after)), "rounds after the bootstrap's death did not merge"
+        assert pause < 2.0
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- SIGTERM, then resume
+
+
+def test_sigterm_then_resume_continues_from_the_same_round(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=100_000, h=5)
+    swarm = Swarm(tmp_path, cfg, 1)
+    try:
+        assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the peer did not start training"
+        assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 0
+        final = final_of(tmp_path, 0)
+        assert final is not None and final["stopped"] is True
+        stopped_round, stopped_hash = final["round"], final["state_hash"]
+        assert stopped_round == len(swarm.rounds(0))
+        swarm.start(0, ["--resume", "--wait-for-peers", "1"])
+        assert wait_until(lambda: len(swarm.rounds(0)) >= stopped_round + 2, 120), "resume did not train"
+        records = read_records(tmp_path / "peer0" / "metrics.jsonl")
+        resume = [r for r in records if r["kind"] == "resume"]
+        assert resume and resume[0]["round"] == stopped_round and resume[0]["state_hash"] == stopped_hash
+        rounds_after = [r["round"] for r in records[records.index(resume[0]) :] if r["kind"] == "round"]
+        assert rounds_after[0] == stopped_round, rounds_after[:3]
+    finally:
+        swarm.close()

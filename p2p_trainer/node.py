@@ -126,6 +126,9 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         tokens_per_round = (
             cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len
         )
+        # §5: a weight is the tokens a peer processed since its last merge, at most one round's
+        # worth here; 4x leaves room for survivors topping up their share when peers vanish
+        # (constant work per round, §6). Anything above is more than a peer could have processed.
         exchange = NetworkExchange(
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )

@@ -121,9 +121,11 @@ class NetworkExchange:
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
             return _Pending(done, like)
+        # our own weight obeys the bound the others check, or they would drop our contribution
+        weight = min(request.weight, self.max_weight)
         sent_before = self.transport.bytes_sent
         fut = self.transport.submit(
-            butterfly_average(self.transport, group, flat, request.weight, deadline, self.health, self._gone)
+            butterfly_average(self.transport, group, flat, weight, deadline, self.health, self._gone)
         )
         phase = "mix1" if request.tag == "mix1" else "exchange"
         if self.fault_hook is not None and self.fault_hook.wants(phase, request.round):

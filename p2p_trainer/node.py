@@ -50,9 +50,9 @@ class JoinOptions:
     device: str = "cpu"
     kill_self_at: tuple[str, int] | None = None
     """Test tool: (phase, round) at which this node SIGKILLs itself (`net/self_kill.py`)."""
-    catch_up_lag_rounds: int = 3
-    """A peer this many rounds behind the most advanced live peer (after a stall, a cut link or a
-    resume) downloads the swarm's state instead of training alone; 0 never catches up."""
+    rejoin_lag_rounds: int = 3
+    """A peer this many rounds off the swarm's (median) round, behind after a stall or ahead after
+    training alone behind a cut link, downloads the swarm's state; 0 never does."""
 
 
 def _late_join(
@@ -84,31 +84,40 @@ def _late_join(
         time.sleep(2.0)
 
 
-def _catch_up(peer: Peer, view: SwarmView, transport: Transport, run_id: str, lag_rounds: int) -> int | None:
-    """Adopt the state of a peer `lag_rounds` or more ahead; returns the round left behind, or None.
+def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> int | None:
+    """The swarm's round to rejoin, or None if this peer is within `lag_rounds` of it.
 
-    Groups meet only within one round, so a peer left behind (stalled, cut off) would otherwise
-    average with nobody for the rest of the run.
+    The swarm's round is the (upper) median of all live peers' rounds, this one's included: the
+    majority's. Groups meet only within one round, so a peer left behind (stalled, cut off) would
+    otherwise average with nobody for the rest of the run, and a peer cut off alone races ahead
+    (its rounds have no one to wait for) and must come back to the majority, not pull it along.
     """
-    if lag_rounds <= 0:
+    if lag_rounds <= 0 or not other_rounds:
         return None
-    ahead = sorted(
-        (
-            h
-            for h in view.heartbeats()
-            if h.peer_id != transport.peer_id and h.round - peer.state.round >= lag_rounds
-        ),
-        key=lambda h: -h.round,
-    )
-    behind = peer.state.round
-    for donor in ahead[:3]:
+    rounds = sorted([my_round, *other_rounds])
+    target = rounds[len(rounds) // 2]
+    return target if abs(target - my_round) >= lag_rounds else None
+
+
+def _rejoin(peer: Peer, view: SwarmView, transport: Transport, run_id: str, lag_rounds: int) -> int | None:
+    """Adopt the state of a peer at the swarm's round if this one is off by `lag_rounds` or more.
+
+    Returns the round this peer left, or None if it did not need to (or could not) rejoin.
+    """
+    others = [h for h in view.heartbeats() if h.peer_id != transport.peer_id]
+    target = rejoin_target(peer.state.round, [h.round for h in others], lag_rounds)
+    if target is None:
+        return None
+    donors = sorted(others, key=lambda h: (abs(h.round - target), -h.round))
+    left = peer.state.round
+    for donor in donors[:3]:
         got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=30)
         if isinstance(got, Failed):
-            logger.warning("catch-up download: %s", got.reason.splitlines()[0])
+            logger.warning("rejoin download: %s", got.reason.splitlines()[0])
             continue
         adopt_state(peer, got)
-        logger.info("caught up: round %d -> %d from %s", behind, got.round, donor.peer_id[-8:])
-        return behind
+        logger.info("rejoined the swarm: round %d -> %d from %s", left, got.round, donor.peer_id[-8:])
+        return left
     return None
 
 
@@ -159,9 +168,9 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
                 m.tokens / max(1e-9, m.wall_s),
             )
             metrics.write(round_record(node.peer_id, m, started))
-            behind = _catch_up(peer, view, transport, run_id, opts.catch_up_lag_rounds)
-            if behind is not None:
-                metrics.write({"kind": "catch_up", "from_round": behind, "to_round": peer.state.round})
+            left = _rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds)
+            if left is not None:
+                metrics.write({"kind": "rejoin", "from_round": left, "to_round": peer.state.round})
                 server.publish(peer.state)
             if peer.state.round % opts.checkpoint_every == 0:
                 save_checkpoint(peer, ckpt)

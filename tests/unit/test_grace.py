@@ -69,3 +69,14 @@ def test_peer_health_suspects_only_peers_reached_before() -> None:
     assert h.suspect("new")
     h.delivered("new")
     assert not h.suspect("new")
+
+
+def test_rejoin_target_is_the_majority_round() -> None:
+    from p2p_trainer.node import rejoin_target
+
+    assert rejoin_target(5, [20, 21], 3) == 20  # stalled: behind the others
+    assert rejoin_target(120, [30, 31], 3) == 31  # alone behind a cut link: raced ahead
+    assert rejoin_target(30, [31, 120], 3) is None  # the majority does not follow the racer
+    assert rejoin_target(30, [32], 3) is None
+    assert rejoin_target(10, [], 3) is None
+    assert rejoin_target(5, [20, 21], 0) is None

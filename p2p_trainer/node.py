@@ -27,7 +27,7 @@ from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.state_sync import StateServer, download_state
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
-from p2p_trainer.trainer import Peer, adopt_state
+from p2p_trainer.trainer import Peer, RoundMetrics, adopt_state
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ class JoinOptions:
     kill_self_at: tuple[str, int] | None = None
     """Test tool: (phase, round) at which this node SIGKILLs itself (`net/self_kill.py`)."""
     rejoin_lag_rounds: int = 3
-    """A peer this many rounds off the swarm's (median) round, behind after a stall or ahead after
-    training alone behind a cut link, downloads the swarm's state; 0 never does."""
+    """A peer that merged with no one for this many rounds and is this many rounds off the swarm's
+    (median) round, behind after a stall or ahead after training alone behind a cut link,
+    downloads the swarm's state; 0 never does."""
 
 
 def _late_join(
@@ -97,6 +98,18 @@ def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> in
     rounds = sorted([my_round, *other_rounds])
     target = rounds[len(rounds) // 2]
     return target if abs(target - my_round) >= lag_rounds else None
+
+
+def alone_rounds(previous: int, m: RoundMetrics) -> int:
+    """Consecutive rounds whose exchanges merged with no one (rounds without exchanges do not count).
+
+    Heartbeat rounds lag by up to a heartbeat period (many rounds when rounds are short), so a
+    peer that still meets its groups must never act on them; one that meets no one may.
+    """
+    if not m.report.exchanges:
+        return previous
+    merged = any(e.ok and e.group_size >= 2 for e in m.report.exchanges)
+    return 0 if merged else previous + 1
 
 
 def _rejoin(peer: Peer, view: SwarmView, transport: Transport, run_id: str, lag_rounds: int) -> int | None:
@@ -158,6 +171,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             logger.info("starting from the seed's weights with %d live peers", live)
         server.publish(peer.state)
         deadline = started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
+        alone = 0
         while peer.state.round < cfg.rounds and not stop.is_set() and time.monotonic() < deadline:
             CONTEXT.round, CONTEXT.step = peer.state.round, peer.step
             m = peer.run_round()
@@ -168,8 +182,12 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
                 m.tokens / max(1e-9, m.wall_s),
             )
             metrics.write(round_record(node.peer_id, m, started))
-            left = _rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds)
+            alone = alone_rounds(alone, m)
+            left = None
+            if alone >= opts.rejoin_lag_rounds:  # only a peer that meets no one looks for the swarm
+                left = _rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds)
             if left is not None:
+                alone = 0
                 metrics.write({"kind": "rejoin", "from_round": left, "to_round": peer.state.round})
                 server.publish(peer.state)
             if peer.state.round % opts.checkpoint_every == 0:

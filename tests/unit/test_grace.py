@@ -80,3 +80,20 @@ def test_rejoin_target_is_the_majority_round() -> None:
     assert rejoin_target(30, [32], 3) is None
     assert rejoin_target(10, [], 3) is None
     assert rejoin_target(5, [20, 21], 0) is None
+
+
+def test_alone_rounds_count_rounds_that_merged_with_no_one() -> None:
+    from p2p_trainer.methods import ExchangeRecord, RoundReport
+    from p2p_trainer.node import alone_rounds
+    from p2p_trainer.trainer import RoundMetrics
+
+    def metrics(*records: ExchangeRecord) -> RoundMetrics:
+        return RoundMetrics(0, 0, 0, 0.0, 0.0, 0.0, 0.0, RoundReport(0, list(records)))
+
+    merged = ExchangeRecord("outer", True, 2, 0.1, 0.1, 1, 1)
+    alone = ExchangeRecord("outer", True, 1, 0.0, 0.0, 0, 0)
+    failed = ExchangeRecord("outer", False, 1, 1.0, 1.0, 0, 0, "no one")
+    assert alone_rounds(2, metrics(alone)) == 3
+    assert alone_rounds(2, metrics(failed, alone)) == 3
+    assert alone_rounds(2, metrics(failed, merged)) == 0
+    assert alone_rounds(2, metrics()) == 2  # no exchange (e.g. independent): no evidence

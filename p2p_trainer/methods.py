@@ -50,6 +50,12 @@ class ExchangeRecord:
     left_out: tuple[str, ...] = ()
     own_parts: int = 0
 
+    @property
+    def merged(self) -> bool:
+        """Did another peer's values reach this peer's result? A partial result (some parts kept
+        as own values, so group_size 1) did merge; a group of one or a failure did not."""
+        return self.ok and (self.group_size >= 2 or self.own_parts > 0)
+
 
 @dataclass
 class RoundReport:

@@ -108,7 +108,7 @@ def alone_rounds(previous: int, m: RoundMetrics) -> int:
     """
     if not m.report.exchanges:
         return previous
-    merged = any(e.ok and e.group_size >= 2 for e in m.report.exchanges)
+    merged = any(e.merged for e in m.report.exchanges)
     return 0 if merged else previous + 1
 
 

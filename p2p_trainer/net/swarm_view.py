@@ -2,7 +2,8 @@
 
 A background thread refreshes both every `period_s`; exchanges read the cached list, so forming
 a group never waits on the DHT. A peer that misses `ttl_s` of heartbeats drops out of everyone's
-view and of later groups.
+view and of later groups. A peer that sees no one else any more (its link was cut, and its DHT
+routing table emptied) pings the peers it knew and its bootstrap nodes until they answer again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class SwarmView:
         self.period_s, self.ttl_s = period_s, ttl_s
         self.status = PeerStatus()
         self._peers: list[records.Heartbeat] = []
+        self._known: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
@@ -63,6 +65,19 @@ class SwarmView:
             return
         with self._lock:
             self._peers = peers
+        others = {h.peer_id for h in peers} - {self.node.peer_id}
+        self._known |= others
+        if not others and self._known:
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        targets = sorted(self._known | set(self.node.bootstrap_ids()))
+        try:
+            answered = self.node.ping_peers(targets, timeout_s=self.period_s + 3)
+        except (TimeoutError, RuntimeError) as exc:
+            logger.info("no peer in view; pinging %d known peers failed: %s", len(targets), exc)
+            return
+        logger.info("no peer in view; %d of %d known peers answered a ping", answered, len(targets))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):

@@ -93,6 +93,8 @@ def test_alone_rounds_count_rounds_that_merged_with_no_one() -> None:
     merged = ExchangeRecord("outer", True, 2, 0.1, 0.1, 1, 1)
     alone = ExchangeRecord("outer", True, 1, 0.0, 0.0, 0, 0)
     failed = ExchangeRecord("outer", False, 1, 1.0, 1.0, 0, 0, "no one")
+    partial = ExchangeRecord("outer", True, 1, 1.0, 1.0, 1, 1, own_parts=1)
+    assert alone_rounds(2, metrics(partial)) == 0  # some parts merged with the others
     assert alone_rounds(2, metrics(alone)) == 3
     assert alone_rounds(2, metrics(failed, alone)) == 3
     assert alone_rounds(2, metrics(failed, merged)) == 0

@@ -20,9 +20,11 @@ from p2p_trainer.exchange import Failed
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.metrics import MetricsWriter, round_record
 from p2p_trainer.model import build_model
+from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig
 from p2p_trainer.net.exchange import NetworkExchange
 from p2p_trainer.net.join import join_swarm
+from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.state_sync import StateServer, download_state
 from p2p_trainer.net.swarm_view import SwarmView
@@ -112,26 +114,60 @@ def alone_rounds(previous: int, m: RoundMetrics) -> int:
     return 0 if merged else previous + 1
 
 
-def _rejoin(peer: Peer, view: SwarmView, transport: Transport, run_id: str, lag_rounds: int) -> int | None:
-    """Adopt the state of a peer at the swarm's round if this one is off by `lag_rounds` or more.
+def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
+    """A peer's round now, from its heartbeat: the round it reported plus the rounds its reported
+    throughput allows since then (heartbeats are up to a period old; rounds can be much shorter)."""
+    rounds_since = max(0.0, now - beat.timestamp) * beat.throughput_tokens_per_s / max(1, tokens_per_round)
+    return beat.round + int(rounds_since)
 
-    Returns the round this peer left, or None if it did not need to (or could not) rejoin.
-    """
-    others = [h for h in view.heartbeats() if h.peer_id != transport.peer_id]
-    target = rejoin_target(peer.state.round, [h.round for h in others], lag_rounds)
-    if target is None:
+
+class Rejoin:
+    """Brings a peer back to the swarm's round after `lag_rounds` rounds that merged with no one."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        view: SwarmView,
+        transport: Transport,
+        run_id: str,
+        lag_rounds: int,
+        tokens_per_round: int,
+    ) -> None:
+        self.peer, self.view, self.transport, self.run_id = peer, view, transport, run_id
+        self.lag_rounds, self.tokens_per_round = lag_rounds, tokens_per_round
+        self.alone = 0
+
+    def after_round(self, m: RoundMetrics) -> dict[str, object] | None:
+        """Call after every round; returns a metrics record if the peer rejoined."""
+        self.alone = alone_rounds(self.alone, m)
+        if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
+            return None  # a peer that meets its groups never acts on (stale) heartbeat rounds
+        left = self._rejoin()
+        if left is None:
+            return None
+        self.alone = 0
+        return {"kind": "rejoin", "from_round": left, "to_round": self.peer.state.round}
+
+    def _rejoin(self) -> int | None:
+        peer, now = self.peer, records.now()
+        others = {
+            h.peer_id: estimated_round(h, now, self.tokens_per_round)
+            for h in self.view.heartbeats()
+            if h.peer_id != self.transport.peer_id
+        }
+        target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        if target is None:
+            return None
+        left = peer.state.round
+        for donor in sorted(others, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:
+            got = download_state(self.transport, donor, self.run_id, peer.state.anchor, timeout_s=30)
+            if isinstance(got, Failed):
+                logger.warning("rejoin download: %s", got.reason.splitlines()[0])
+                continue
+            adopt_state(peer, got)
+            logger.info("rejoined the swarm: round %d -> %d from %s", left, got.round, donor[-8:])
+            return left
         return None
-    donors = sorted(others, key=lambda h: (abs(h.round - target), -h.round))
-    left = peer.state.round
-    for donor in donors[:3]:
-        got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=30)
-        if isinstance(got, Failed):
-            logger.warning("rejoin download: %s", got.reason.splitlines()[0])
-            continue
-        adopt_state(peer, got)
-        logger.info("rejoined the swarm: round %d -> %d from %s", left, got.round, donor.peer_id[-8:])
-        return left
-    return None
 
 
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
@@ -171,24 +207,18 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             logger.info("starting from the seed's weights with %d live peers", live)
         server.publish(peer.state)
         deadline = started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
-        alone = 0
+        rejoin = Rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds, tokens_per_round)
         while peer.state.round < cfg.rounds and not stop.is_set() and time.monotonic() < deadline:
             CONTEXT.round, CONTEXT.step = peer.state.round, peer.step
             m = peer.run_round()
             server.publish(peer.state)
             view.status.round, view.status.tokens_processed = peer.state.round, peer.tokens
-            view.status.loss, view.status.throughput_tokens_per_s = (
-                m.train_loss,
-                m.tokens / max(1e-9, m.wall_s),
-            )
+            view.status.loss = m.train_loss
+            view.status.throughput_tokens_per_s = tokens_per_round / max(1e-9, m.wall_s)
             metrics.write(round_record(node.peer_id, m, started))
-            alone = alone_rounds(alone, m)
-            left = None
-            if alone >= opts.rejoin_lag_rounds:  # only a peer that meets no one looks for the swarm
-                left = _rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds)
-            if left is not None:
-                alone = 0
-                metrics.write({"kind": "rejoin", "from_round": left, "to_round": peer.state.round})
+            rejoined = rejoin.after_round(m)
+            if rejoined is not None:
+                metrics.write(rejoined)
                 server.publish(peer.state)
             if peer.state.round % opts.checkpoint_every == 0:
                 save_checkpoint(peer, ckpt)

@@ -99,3 +99,12 @@ def test_alone_rounds_count_rounds_that_merged_with_no_one() -> None:
     assert alone_rounds(2, metrics(failed, alone)) == 3
     assert alone_rounds(2, metrics(failed, merged)) == 0
     assert alone_rounds(2, metrics()) == 2  # no exchange (e.g. independent): no evidence
+
+
+def test_estimated_round_adds_what_the_reported_throughput_allows() -> None:
+    from p2p_trainer.net.records import Heartbeat
+    from p2p_trainer.node import estimated_round
+
+    beat = Heartbeat("x", 10, 0, None, 500.0, "0", timestamp=100.0)
+    assert estimated_round(beat, 102.0, 250) == 14  # 2 s at 2 rounds/s
+    assert estimated_round(beat, 99.0, 250) == 10  # clock skew: never fewer

@@ -210,6 +210,49 @@ async def _result_part(
     return checked[0], included
 
 
+async def _gather_results(
+    transport: Transport,
+    group: GroupSpec,
+    bounds: list[tuple[int, int]],
+    out: np.ndarray,
+    contributed: set[int],
+    own_done: float,
+    deadline: float,
+) -> tuple[list[int], set[str]]:
+    """Phase 2: write the other owners' averaged parts into `out` where they come back in time.
+
+    Waits `grace_s + result_wait_s` for owners that contributed to this member's part, not at all
+    for the others. Returns the contributor count of each part received (1 for a part kept as own
+    values) and the short ids of members left out of some part.
+    """
+    n, me = len(group.members), group.members.index(group.me)
+    short = [m[-8:] for m in group.members]
+    others = [j for j in range(n) if j != me]
+    patient = min(deadline, own_done + group.grace_s + group.result_wait_s)
+    waits = {
+        j: asyncio.create_task(
+            _result_part(
+                transport, group, j, bounds[j][1] - bounds[j][0], patient if j in contributed else own_done
+            )
+        )
+        for j in others
+    }
+    sizes, left_out = [], set()
+    for j, task in waits.items():
+        got = await task
+        if isinstance(got, str) or me not in got[1]:
+            why = got if isinstance(got, str) else "does not include this member's contribution"
+            logger.info("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
+            left_out.add(short[j])
+            sizes.append(1)
+            continue
+        a, b = bounds[j]
+        out[a:b] = got[0]
+        sizes.append(len(got[1]))
+        left_out.update(short[i] for i in others if i not in got[1])
+    return sizes, left_out
+
+
 def _finish_in_background(sends: list[asyncio.Task[bool]], transport: Transport, key: str) -> None:
     async def finish() -> None:
         await asyncio.gather(*sends, return_exceptions=True)
@@ -256,33 +299,11 @@ async def butterfly_average(
 
     out = data.copy()  # parts that do not come back keep this member's own values
     out[lo:hi] = mine
-    waits = {
-        j: asyncio.create_task(
-            _result_part(
-                transport,
-                group,
-                j,
-                bounds[j][1] - bounds[j][0],
-                min(deadline, own_done + group.grace_s + group.result_wait_s)
-                if j in arrivals.values
-                else own_done,
-            )
-        )
-        for j in others
-    }
-    sizes, left_out = [len(included)], {short[j] for j in others if j not in arrivals.values}
-    for j, task in waits.items():
-        got = await task
-        if isinstance(got, str) or me not in got[1]:
-            why = got if isinstance(got, str) else "does not include this member's contribution"
-            logger.info("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
-            left_out.add(short[j])
-            sizes.append(1)
-            continue
-        a, b = bounds[j]
-        out[a:b] = got[0]
-        sizes.append(len(got[1]))
-        left_out.update(short[i] for i in others if i not in got[1])
+    sizes, left_out = await _gather_results(
+        transport, group, bounds, out, set(arrivals.values), own_done, deadline
+    )
+    sizes.append(len(included))
+    left_out |= {short[j] for j in others if j not in arrivals.values}
     _finish_in_background(sends, transport, group.key)
     elapsed = time.monotonic() - started
     own_parts = sum(1 for s in sizes if s == 1)

@@ -151,6 +151,7 @@ def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: s
 # --------------------------------------------------------------------------- stall, then recover
 
 
+@pytest.mark.timeout(300)
 def test_stalled_peer_is_left_out_then_merges_again(tmp_path: Path) -> None:
     cfg = _config("diloco", rounds=80)
     swarm = Swarm(tmp_path, cfg, 3)
@@ -232,6 +233,7 @@ def _in_host(tb: Testbed, host: str, argv: list[str], log: Path, stdout: int | N
         return tb.run(host, [sys.executable, "-m", "p2p_trainer", *argv], env=env, stdout=stdout, stderr=err)
 
 
+@pytest.mark.timeout(300)
 def test_partitioned_peer_is_left_out_then_merges_again(
     tmp_path: Path, testbed_factory: TestbedFactory
 ) -> None:

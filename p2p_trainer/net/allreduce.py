@@ -160,15 +160,14 @@ async def _collect(
     end = min(deadline, started + group.quorum_wait_s)
     pending = set(tasks)
     while pending:
-        if quorum_s is None:
-            waiting = [group.members[tasks[t]] for t in pending]
-            other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
-            possible = [m for m in waiting if not gone(m) and m not in other_view]
-            if len(got) >= need or len(got) + len(possible) < need:
-                quorum_s = time.monotonic() - started
-                end = min(deadline, time.monotonic() + group.grace_s)
-            if not possible:
-                break
+        waiting = [group.members[tasks[t]] for t in pending]
+        other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
+        possible = [m for m in waiting if not gone(m) and m not in other_view]
+        if quorum_s is None and (len(got) >= need or len(got) + len(possible) < need):
+            quorum_s = time.monotonic() - started  # reached, or out of reach: the grace window starts
+            end = min(deadline, time.monotonic() + group.grace_s)
+        if not possible:
+            break  # everyone still missing is gone
         timeout = end - time.monotonic()
         if timeout <= 0:
             break

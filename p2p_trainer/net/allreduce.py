@@ -270,7 +270,9 @@ async def butterfly_average(
     deadline: float,
     health: PeerHealth | None = None,
     gone: Callable[[str], bool] = lambda _: False,
+    contributed: Callable[[], None] | None = None,
 ) -> ExchangeResult:
+    """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered."""
     started = time.monotonic()
     n, me = len(group.members), group.members.index(group.me)
     bounds = part_bounds(flat.numel(), n)
@@ -286,6 +288,9 @@ async def butterfly_average(
 
     lo, hi = bounds[me]
     sends = [send(j, "c", j, data[bounds[j][0] : bounds[j][1]].tobytes(), {"w": weight}) for j in others]
+    if contributed is not None:
+        await asyncio.gather(*sends)
+        contributed()
     arrivals = await _collect(transport, group, me, hi - lo, started, deadline, gone)
     acc, total_w = data[lo:hi].astype(np.float64) * weight, weight
     for values, w in arrivals.values.values():

@@ -13,6 +13,7 @@ expires everywhere.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import math
 import time
@@ -123,15 +124,16 @@ class NetworkExchange:
             return _Pending(done, like)
         # our own weight obeys the bound the others check, or they would drop our contribution
         weight = min(request.weight, self.max_weight)
-        sent_before = self.transport.bytes_sent
-        fut = self.transport.submit(
-            butterfly_average(self.transport, group, flat, weight, deadline, self.health, self._gone)
-        )
         phase = "mix1" if request.tag == "mix1" else "exchange"
-        if self.fault_hook is not None and self.fault_hook.wants(phase, request.round):
-            while self.transport.bytes_sent == sent_before and time.monotonic() < deadline and not fut.done():
-                time.sleep(0.001)
-            self.fault_hook(phase, request.round)
+        hook = self.fault_hook
+        contributed = None
+        if hook is not None and hook.wants(phase, request.round):
+            contributed = functools.partial(hook, phase, request.round)
+        fut = self.transport.submit(
+            butterfly_average(
+                self.transport, group, flat, weight, deadline, self.health, self._gone, contributed
+            )
+        )
         return _Pending(fut, like)
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:

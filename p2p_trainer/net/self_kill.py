@@ -5,9 +5,9 @@ a signal. The node calls `SelfKill` at its phase points instead; it acts once, a
 phase and round, like a machine that loses power there:
 
 - "inner": in the middle of the round's inner steps;
-- "mix1": after the round's Mix1 (background) exchange has delivered its first message;
-- "exchange": after a blocking exchange has delivered its first contribution, i.e. while the
-  rest of its group waits for this peer's averaged part.
+- "mix1": once the round's Mix1 (background) exchange has delivered its contributions;
+- "exchange": once a blocking exchange has delivered its contributions (phase 1), before this
+  peer averages its own part: the rest of its group then waits for a part that never comes.
 """
 
 from __future__ import annotations

@@ -139,3 +139,41 @@ def test_invalid_contribution_is_dropped(bad: str) -> None:
     res = asyncio.run(run())
     # b's contribution never reaches a's part; b itself never answers: nothing merged
     assert isinstance(res, Failed)
+
+
+class _Died(Exception):
+    pass
+
+
+def test_member_dying_after_contributing_costs_grace_plus_result_wait() -> None:
+    async def run() -> tuple[list[Any], list[float]]:
+        members = ["a", "b", "c"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+
+        def die() -> None:
+            raise _Died  # like the self-kill fault point: phase 1 delivered, then nothing
+
+        async def one(name: str, hook: Any) -> tuple[Any, float]:
+            t0 = time.monotonic()
+            res = await butterfly_average(
+                net[name],  # type: ignore[arg-type]
+                _spec(members, name, 2),
+                torch.full((9,), float(members.index(name))),
+                1.0,
+                time.monotonic() + 30,
+                contributed=hook,
+            )
+            return res, time.monotonic() - t0
+
+        out = await asyncio.gather(one("a", None), one("b", None), one("c", die), return_exceptions=True)
+        assert isinstance(out[2], _Died)
+        return [o[0] for o in out[:2]], [o[1] for o in out[:2]]  # type: ignore[index]
+
+    results, elapsed = asyncio.run(run())
+    for res, took in zip(results, elapsed, strict=True):
+        # c's contribution is merged into a's and b's parts; c's own part never comes back
+        assert isinstance(res, Ok) and res.own_parts == 1 and "c" in res.left_out
+        assert took < GRACE_S + 1.0 + 0.4, took  # grace + result_wait (1 s), not the 30 s deadline
+        np.testing.assert_allclose(res.tensors[0].numpy()[:6], 1.0)  # mean of 0, 1, 2

@@ -109,7 +109,7 @@ def _merged_share(rounds: list[dict[str, Any]]) -> float:
 
 
 def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
-    assert wait_all([swarm.peers[i] for i in survivors], timeout_s=150), f"{label}: survivors did not finish"
+    assert wait_all([swarm.peers[i] for i in survivors], timeout_s=200), f"{label}: survivors did not finish"
     pauses = []
     for i in survivors:
         assert swarm.peers[i].proc.returncode == 0, f"{label}: peer{i} crashed"
@@ -277,4 +277,5 @@ def test_partitioned_peer_is_left_out_then_merges_again(
     records = read_records(tmp_path / "peer2" / "metrics.jsonl")
     assert any(r["kind"] == "rejoin" for r in records), "the cut-off peer did not rejoin"
     for i in range(3):
-        assert _merged_share(rounds_of(tmp_path, i)[-8:]) >= 0.6, f"peer{i} does not merge at the end"
+        # the peers stop by wall time, a few rounds apart: judge the rounds before the last four
+        assert _merged_share(rounds_of(tmp_path, i)[-12:-4]) >= 0.6, f"peer{i} does not merge at the end"

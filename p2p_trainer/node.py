@@ -99,7 +99,11 @@ def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> in
         return None
     rounds = sorted([my_round, *other_rounds])
     target = rounds[len(rounds) // 2]
-    return target if abs(target - my_round) >= lag_rounds else None
+    if target - my_round >= lag_rounds:
+        return target
+    # Going back discards work, and heartbeats of a starved machine make others look behind:
+    # only a peer far ahead (one that trained alone behind a cut link) goes back.
+    return target if my_round - target >= 3 * lag_rounds else None
 
 
 def alone_rounds(previous: int, m: RoundMetrics) -> int:

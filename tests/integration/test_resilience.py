@@ -146,7 +146,7 @@ def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: s
         swarm.note_sockets()
         assert wait_until(lambda: not swarm.peers[2].alive(), 120), "the victim did not die"
         assert swarm.peers[2].proc.returncode == -signal.SIGKILL
-        assert len(swarm.rounds(2)) == 4  # it died in round 4, before reporting it
+        assert swarm.rounds(2)[-1]["round"] == 3  # it died in round 4, before reporting it
         _survivors_ok(swarm, [0, 1], f"SIGKILL during {phase} ({method})")
     finally:
         swarm.close()

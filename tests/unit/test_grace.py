@@ -78,6 +78,8 @@ def test_rejoin_target_is_the_majority_round() -> None:
     assert rejoin_target(120, [30, 31], 3) == 31  # alone behind a cut link: raced ahead
     assert rejoin_target(30, [31, 120], 3) is None  # the majority does not follow the racer
     assert rejoin_target(30, [32], 3) is None
+    assert rejoin_target(30, [25, 24], 3) is None  # a little ahead: heartbeats may just be stale
+    assert rejoin_target(40, [30, 31], 3) == 31
     assert rejoin_target(10, [], 3) is None
     assert rejoin_target(5, [20, 21], 0) is None
 

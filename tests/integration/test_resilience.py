@@ -114,13 +114,12 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
     for i in survivors:
         assert swarm.peers[i].proc.returncode == 0, f"{label}: peer{i} crashed"
         rounds = swarm.rounds(i)
-        assert [r["round"] for r in rounds] == list(range(swarm.cfg.rounds)), (
-            f"{label}: peer{i} skipped rounds"
-        )
         final = final_of(swarm.run_dir, i)
-        assert final is not None and final["round"] == swarm.cfg.rounds
+        assert final is not None and final["round"] == len(rounds), f"{label}: peer{i} did not finish"
+        assert [r["round"] for r in rounds] == list(range(len(rounds))), f"{label}: peer{i} skipped rounds"
         pauses.append(_max_pause(rounds))
-        share = _merged_share(rounds[-8:])
+        # peers that stop by wall time stop a few rounds apart: judge the rounds before the last four
+        share = _merged_share(rounds[-12:-4])
         assert share >= 0.6, f"{label}: peer{i} merges with the others in only {share:.0%} of the last rounds"
     bound = swarm.cfg.outer.pause_bound_s
     after_start = max(_max_pause(swarm.rounds(i)[1:]) for i in survivors)  # round 0 absorbs start-up skew
@@ -139,8 +138,9 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
     ("phase", "method"), [("inner", "diloco"), ("mix1", "factored"), ("exchange", "diloco")]
 )
 def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: str, method: str) -> None:
-    cfg = _config(method, rounds=20)
-    swarm = Swarm(tmp_path, cfg, 3, extra={2: ["--kill-self-at", f"{phase}:4"]})
+    cfg = _config(method, rounds=100_000)  # every peer stops after --max-minutes instead
+    limit = ["--max-minutes", "0.6"]  # long enough to see the dead peer leave the groups (TTL 8 s)
+    swarm = Swarm(tmp_path, cfg, 3, extra={0: limit, 1: limit, 2: [*limit, "--kill-self-at", f"{phase}:4"]})
     try:
         assert wait_until(lambda: len(swarm.rounds(2)) >= 1, 120), "the swarm did not get going"
         swarm.note_sockets()

@@ -289,7 +289,7 @@ async def butterfly_average(
     lo, hi = bounds[me]
     sends = [send(j, "c", j, data[bounds[j][0] : bounds[j][1]].tobytes(), {"w": weight}) for j in others]
     if contributed is not None:
-        await asyncio.gather(*sends)
+        await asyncio.wait(sends, timeout=2.0)  # delivered (or a member is not taking them)
         contributed()
     arrivals = await _collect(transport, group, me, hi - lo, started, deadline, gone)
     acc, total_w = data[lo:hi].astype(np.float64) * weight, weight

@@ -121,17 +121,18 @@ class NetworkExchange:
         flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
         group = self._group(request)
         deadline = time.monotonic() + request.timeout_s
+        phase = "mix1" if request.tag == "mix1" else "exchange"
+        hook, contributed = self.fault_hook, None
+        if hook is not None and hook.wants(phase, request.round):
+            contributed = functools.partial(hook, phase, request.round)
         if len(group.members) == 1:
+            if contributed is not None:
+                contributed()  # alone: the fault point is reached all the same
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
             return _Pending(done, like)
         # our own weight obeys the bound the others check, or they would drop our contribution
         weight = min(request.weight, self.max_weight)
-        phase = "mix1" if request.tag == "mix1" else "exchange"
-        hook = self.fault_hook
-        contributed = None
-        if hook is not None and hook.wants(phase, request.round):
-            contributed = functools.partial(hook, phase, request.round)
         fut = self.transport.submit(
             butterfly_average(
                 self.transport, group, flat, weight, deadline, self.health, self._gone, contributed

@@ -76,6 +76,15 @@ main.add_command(bootstrap)
 main.add_command(simulate)
 
 
+def _kill_point(text: str | None) -> tuple[str, int] | None:
+    from p2p_trainer.net.self_kill import parse_kill_at
+
+    try:
+        return None if text is None else parse_kill_at(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kill-self-at") from None
+
+
 @main.command()
 @config_option
 @method_option
@@ -119,6 +128,9 @@ main.add_command(simulate)
     show_default=True,
     help="Name of the swarm to join on these bootstrap nodes.",
 )
+@click.option(
+    "--kill-self-at", default=None, hidden=True, help="Test tool: PHASE:ROUND to SIGKILL this node at."
+)
 def join(
     config: str | None,
     method: str | None,
@@ -137,6 +149,7 @@ def join(
     device: str,
     data_key: str | None,
     swarm: str,
+    kill_self_at: str | None,
 ) -> None:
     """Join a swarm as a training peer."""
     from p2p_trainer.net.addresses import AddressError
@@ -167,6 +180,7 @@ def join(
         device=device,
         data_key=data_key,
         swarm=swarm,
+        kill_self_at=_kill_point(kill_self_at),
     )
     try:
         sys.exit(run_peer(opts, stop))

@@ -137,6 +137,20 @@ class OuterConfig:
     """Upper bound on a blocking exchange; a timed-out exchange is a Failed value."""
     mix1_grace_s: float = 5.0
     """Extra wait for Mix1 at round end before falling back to the own anchor (§3, §4)."""
+    quorum_fraction: float = 0.5
+    """§4: a blocking exchange proceeds once ceil(fraction · group size) members (self included)
+    have contributed, then waits at most the grace window for the rest. 1.0 waits for everyone
+    (still bounded by `quorum_wait_max_s`)."""
+    quorum_wait_max_s: float = 15.0
+    """Longest wait for the quorum itself; past it the exchange merges whatever arrived."""
+    grace_overlap_steps: float = 5.0
+    """τ: inner steps' worth of time one accepts to wait for stragglers after the quorum."""
+    grace_gamma: float = 1.0
+    """γ_g: scale of the adaptive grace window."""
+    grace_min_s: float = 1.0
+    """Floor of the grace window (ours: covers network jitter when steps are very short)."""
+    grace_max_s: float = 5.0
+    """Cap of the grace window; a survivor's pause is at most `pause_bound_s`."""
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, f"outer.method={self.method!r}: choose one of {', '.join(METHODS)}")
@@ -152,6 +166,23 @@ class OuterConfig:
         _require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
         _require(self.exchange_timeout_s > 0, "outer.exchange_timeout_s must be positive")
         _require(self.mix1_grace_s >= 0, "outer.mix1_grace_s must be >= 0")
+        _require(
+            0 < self.quorum_fraction <= 1,
+            f"outer.quorum_fraction={self.quorum_fraction}: use a value in (0, 1] (0.5 = half the group)",
+        )
+        _require(self.quorum_wait_max_s > 0, "outer.quorum_wait_max_s must be positive")
+        _require(self.grace_overlap_steps >= 0, "outer.grace_overlap_steps must be >= 0")
+        _require(self.grace_gamma >= 0, "outer.grace_gamma must be >= 0")
+        _require(
+            0 <= self.grace_min_s <= self.grace_max_s,
+            f"outer.grace_min_s={self.grace_min_s} and grace_max_s={self.grace_max_s}: need 0 <= min <= max",
+        )
+
+    @property
+    def pause_bound_s(self) -> float:
+        """Longest a blocking exchange can hold a peer: quorum wait, grace, then results (≤ 2 · grace),
+        and never more than `exchange_timeout_s`."""
+        return min(self.exchange_timeout_s, self.quorum_wait_max_s + 3 * self.grace_max_s)
 
     @property
     def effective_gamma(self) -> float:

@@ -31,6 +31,15 @@ class Ok:
     bytes_sent: int = 0
     bytes_received: int = 0
     elapsed_s: float = 0.0
+    left_out: tuple[str, ...] = ()
+    """Members (short ids) left out of some part: late past the grace window, dead or dropped."""
+    own_parts: int = 0
+    """Parts of the vector where this peer kept its own values (their result did not come back,
+    or did not include this peer); 0 means every part is the exact weighted mean of its group."""
+    quorum_s: float = 0.0
+    """Time from the start of the exchange to its quorum (for the grace window's EMA, §4)."""
+    sync_s: float = 0.0
+    """Time from the end of the own part's averaging to the complete result."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,14 @@ class ExchangeRequest:
     """Upper bound on the whole exchange, matchmaking included. Nothing waits forever."""
     gossip_step: int = 0
     """For k consecutive gossip rounds within one outer round (Mix2's k2): 0, 1, ..."""
+    quorum_fraction: float = 1.0
+    """§4: proceed once ceil(fraction · group size) members (self included) have contributed."""
+    quorum_wait_s: float = math.inf
+    """Longest wait for that quorum (then merge whatever arrived); `timeout_s` bounds it too."""
+    grace_s: float = 0.0
+    """§4: after the quorum, wait at most this long for the rest of the group."""
+    result_wait_s: float = math.inf
+    """After the own part is averaged, wait at most `grace_s` plus this for the others' parts."""
 
 
 class PendingExchange(Protocol):

@@ -18,6 +18,7 @@ import torch
 from p2p_trainer import outer
 from p2p_trainer.config import OuterConfig
 from p2p_trainer.exchange import ALL, Exchange, ExchangeRequest, ExchangeResult, Ok, PendingExchange
+from p2p_trainer.grace import GraceTracker
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,14 @@ class ExchangeRecord:
     bytes_sent: int
     bytes_received: int
     reason: str = ""
+    left_out: tuple[str, ...] = ()
+    own_parts: int = 0
+
+    @property
+    def merged(self) -> bool:
+        """Did another peer's values reach this peer's result? A partial result (some parts kept
+        as own values, so group_size 1) did merge; a group of one or a failure did not."""
+        return self.ok and (self.group_size >= 2 or self.own_parts > 0)
 
 
 @dataclass
@@ -60,8 +69,18 @@ class RoundReport:
     def add(self, tag: str, res: ExchangeResult, blocked_s: float) -> ExchangeResult:
         if isinstance(res, Ok):
             rec = ExchangeRecord(
-                tag, True, res.group_size, res.elapsed_s, blocked_s, res.bytes_sent, res.bytes_received
+                tag,
+                True,
+                res.group_size,
+                res.elapsed_s,
+                blocked_s,
+                res.bytes_sent,
+                res.bytes_received,
+                left_out=res.left_out,
+                own_parts=res.own_parts,
             )
+            if res.left_out:
+                logger.info("round %d: %s left out %s", self.round, tag, ", ".join(res.left_out))
         else:
             logger.info("round %d: %s exchange failed (%s); keeping own tensors", self.round, tag, res.reason)
             rec = ExchangeRecord(tag, False, 1, res.elapsed_s, blocked_s, 0, 0, res.reason)
@@ -93,11 +112,32 @@ class _NoGradientSync:
         return None
 
 
-class _BlockingExchanges:
-    """Shared by the methods: one timed, recorded blocking exchange."""
+def grace_tracker(cfg: OuterConfig) -> GraceTracker:
+    """The §4 timing state of one peer, from its outer config."""
+    return GraceTracker(cfg.grace_overlap_steps, cfg.grace_gamma, cfg.grace_min_s, cfg.grace_max_s)
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange) -> None:
+
+class _BlockingExchanges:
+    """Shared by the methods: one timed, recorded exchange with a quorum and grace window (§4)."""
+
+    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
         self.cfg, self.exchange = cfg, exchange
+        self.timing = timing if timing is not None else grace_tracker(cfg)
+
+    def _request(self, tag: str, rnd: int, group: int, weight: float, step: int = 0) -> ExchangeRequest:
+        cfg = self.cfg
+        return ExchangeRequest(
+            tag,
+            rnd,
+            group,
+            weight if cfg.token_weighted else 1.0,
+            cfg.exchange_timeout_s,
+            step,
+            quorum_fraction=cfg.quorum_fraction,
+            quorum_wait_s=cfg.quorum_wait_max_s,
+            grace_s=self.timing.window_s(),
+            result_wait_s=self.timing.result_wait_s(),
+        )
 
     def _average(
         self,
@@ -109,11 +149,10 @@ class _BlockingExchanges:
         report: RoundReport,
         step: int = 0,
     ) -> ExchangeResult:
-        req = ExchangeRequest(
-            tag, rnd, group, weight if self.cfg.token_weighted else 1.0, self.cfg.exchange_timeout_s, step
-        )
         t0 = time.monotonic()
-        res = self.exchange.average(tensors, req)
+        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step))
+        if isinstance(res, Ok):
+            self.timing.observe_exchange(res.quorum_s, res.sync_s)
         return report.add(tag, res, time.monotonic() - t0)
 
 
@@ -182,18 +221,12 @@ class NoLoCo(_NoGradientSync, _BlockingExchanges):
 class FactoredGossip(_NoGradientSync, _BlockingExchanges):
     """§3: Mix1 (background, anchors, group G1) overlaps the inner phase; Mix2 (blocking, Δ, G2)."""
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange) -> None:
-        super().__init__(cfg, exchange)
+    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
+        super().__init__(cfg, exchange, timing)
         self._mix1: PendingExchange | None = None
 
     def begin_round(self, state: OuterState, weight: float) -> None:
-        req = ExchangeRequest(
-            "mix1",
-            state.round,
-            self.cfg.group_size,
-            weight if self.cfg.token_weighted else 1.0,
-            self.cfg.exchange_timeout_s,
-        )
+        req = self._request("mix1", state.round, self.cfg.group_size, weight)
         self._mix1_started = time.monotonic()
         self._mix1 = self.exchange.start(state.anchor, req)
 
@@ -225,9 +258,6 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
 class DataParallel(_BlockingExchanges):
     """Per-step gradient averaging over all peers: the quality ceiling, the bandwidth floor."""
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange) -> None:
-        super().__init__(cfg, exchange)
-
     def begin_round(self, state: OuterState, weight: float) -> None:
         return None
 
@@ -246,7 +276,7 @@ class DataParallel(_BlockingExchanges):
 class Independent(_NoGradientSync):
     """No exchange at all: the floor every communicating method must beat."""
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange) -> None:
+    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
         self.cfg = cfg
 
     def begin_round(self, state: OuterState, weight: float) -> None:
@@ -268,6 +298,7 @@ _METHODS: dict[str, type] = {
 }
 
 
-def build_method(cfg: OuterConfig, exchange: Exchange) -> OuterMethod:
-    method: OuterMethod = _METHODS[cfg.method](cfg, exchange)
+def build_method(cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> OuterMethod:
+    """The strategy for `cfg.method`; `timing` is the peer's grace tracker (fed with step times)."""
+    method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing)
     return method

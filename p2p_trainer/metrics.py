@@ -38,6 +38,8 @@ def round_record(peer_id: str, m: RoundMetrics, started: float) -> dict[str, Any
                 "elapsed_s": round(e.elapsed_s, 4),
                 "blocked_s": round(e.blocked_s, 4),
                 "reason": e.reason,
+                "left_out": list(e.left_out),
+                "own_parts": e.own_parts,
             }
             for e in ex
         ],

@@ -20,13 +20,16 @@ from p2p_trainer.exchange import Failed
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.metrics import MetricsWriter, round_record
 from p2p_trainer.model import build_model
+from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig
 from p2p_trainer.net.exchange import NetworkExchange
 from p2p_trainer.net.join import join_swarm
+from p2p_trainer.net.records import Heartbeat
+from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.state_sync import StateServer, download_state
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
-from p2p_trainer.trainer import Peer, adopt_state
+from p2p_trainer.trainer import Peer, RoundMetrics, adopt_state
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +54,12 @@ class JoinOptions:
     """Seeds this peer's data stream; None uses the peer id (distinct per identity)."""
     swarm: str = "default"
     """Name of the swarm to join (several runs can share bootstrap nodes under different names)."""
-    """Seeds this peer's data stream; None uses the peer id (distinct per identity)."""
+    kill_self_at: tuple[str, int] | None = None
+    """Test tool: (phase, round) at which this node SIGKILLs itself (`net/self_kill.py`)."""
+    rejoin_lag_rounds: int = 3
+    """A peer that merged with no one for this many rounds and is this many rounds off the swarm's
+    (median) round, behind after a stall or ahead after training alone behind a cut link,
+    downloads the swarm's state; 0 never does."""
 
 
 def _late_join(
@@ -83,6 +91,93 @@ def _late_join(
         time.sleep(2.0)
 
 
+def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> int | None:
+    """The swarm's round to rejoin, or None if this peer is within `lag_rounds` of it.
+
+    The swarm's round is the (upper) median of all live peers' rounds, this one's included: the
+    majority's. Groups meet only within one round, so a peer left behind (stalled, cut off) would
+    otherwise average with nobody for the rest of the run, and a peer cut off alone races ahead
+    (its rounds have no one to wait for) and must come back to the majority, not pull it along.
+    """
+    if lag_rounds <= 0 or not other_rounds:
+        return None
+    rounds = sorted([my_round, *other_rounds])
+    target = rounds[len(rounds) // 2]
+    if target - my_round >= lag_rounds:
+        return target
+    # Going back discards work, and heartbeats of a starved machine make others look behind:
+    # only a peer far ahead (one that trained alone behind a cut link) goes back.
+    return target if my_round - target >= 3 * lag_rounds else None
+
+
+def alone_rounds(previous: int, m: RoundMetrics) -> int:
+    """Consecutive rounds whose exchanges merged with no one (rounds without exchanges do not count).
+
+    Heartbeat rounds lag by up to a heartbeat period (many rounds when rounds are short), so a
+    peer that still meets its groups must never act on them; one that meets no one may.
+    """
+    if not m.report.exchanges:
+        return previous
+    merged = any(e.merged for e in m.report.exchanges)
+    return 0 if merged else previous + 1
+
+
+def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
+    """A peer's round now, from its heartbeat: the round it reported plus the rounds its reported
+    throughput allows since then (heartbeats are up to a period old; rounds can be much shorter)."""
+    rounds_since = max(0.0, now - beat.timestamp) * beat.throughput_tokens_per_s / max(1, tokens_per_round)
+    return beat.round + int(rounds_since)
+
+
+class Rejoin:
+    """Brings a peer back to the swarm's round after `lag_rounds` rounds that merged with no one."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        view: SwarmView,
+        transport: Transport,
+        run_id: str,
+        lag_rounds: int,
+        tokens_per_round: int,
+    ) -> None:
+        self.peer, self.view, self.transport, self.run_id = peer, view, transport, run_id
+        self.lag_rounds, self.tokens_per_round = lag_rounds, tokens_per_round
+        self.alone = 0
+
+    def after_round(self, m: RoundMetrics) -> dict[str, object] | None:
+        """Call after every round; returns a metrics record if the peer rejoined."""
+        self.alone = alone_rounds(self.alone, m)
+        if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
+            return None  # a peer that meets its groups never acts on (stale) heartbeat rounds
+        left = self._rejoin()
+        if left is None:
+            return None
+        self.alone = 0
+        return {"kind": "rejoin", "from_round": left, "to_round": self.peer.state.round}
+
+    def _rejoin(self) -> int | None:
+        peer, now = self.peer, records.now()
+        others = {
+            h.peer_id: estimated_round(h, now, self.tokens_per_round)
+            for h in self.view.heartbeats()
+            if h.peer_id != self.transport.peer_id
+        }
+        target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        if target is None:
+            return None
+        left = peer.state.round
+        for donor in sorted(others, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:
+            got = download_state(self.transport, donor, self.run_id, peer.state.anchor, timeout_s=30)
+            if isinstance(got, Failed):
+                logger.warning("rejoin download: %s", got.reason.splitlines()[0])
+                continue
+            adopt_state(peer, got)
+            logger.info("rejoined the swarm: round %d -> %d from %s", left, got.round, donor[-8:])
+            return left
+        return None
+
+
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     cfg, run_id = opts.run, opts.run.run_id()
     # The swarm name scopes the DHT records; the run definition is then checked against the swarm's,
@@ -99,31 +194,42 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         tokens_per_round = (
             cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len
         )
+        # §5: a weight is the tokens a peer processed since its last merge, at most one round's
+        # worth here; 4x leaves room for survivors topping up their share when peers vanish
+        # (constant work per round, §6). Anything above is more than a peer could have processed.
         exchange = NetworkExchange(
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )
         peer = Peer(cfg, exchange, corpus, peer_key=opts.data_key or node.peer_id, device=opts.device)
+        if opts.kill_self_at is not None:
+            exchange.fault_hook = SelfKill(*opts.kill_self_at)
+            peer.on_phase.append(exchange.fault_hook)
         server = StateServer(transport, run_id)
         ckpt = opts.run_dir / "checkpoint.safetensors"
         started = time.monotonic()
         metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})
         if opts.resume and ckpt.exists():
-            logger.info("resumed round %d (state %s)", peer.state.round, load_checkpoint(peer, ckpt)[:12])
+            resumed_hash = load_checkpoint(peer, ckpt)
+            logger.info("resumed round %d (state %s)", peer.state.round, resumed_hash[:12])
+            metrics.write({"kind": "resume", "round": peer.state.round, "state_hash": resumed_hash})
         elif not _late_join(peer, view, transport, run_id):
             live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
             logger.info("starting from the seed's weights with %d live peers", live)
         server.publish(peer.state)
         deadline = started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
+        rejoin = Rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds, tokens_per_round)
         while peer.state.round < cfg.rounds and not stop.is_set() and time.monotonic() < deadline:
             CONTEXT.round, CONTEXT.step = peer.state.round, peer.step
             m = peer.run_round()
             server.publish(peer.state)
             view.status.round, view.status.tokens_processed = peer.state.round, peer.tokens
-            view.status.loss, view.status.throughput_tokens_per_s = (
-                m.train_loss,
-                m.tokens / max(1e-9, m.wall_s),
-            )
+            view.status.loss = m.train_loss
+            view.status.throughput_tokens_per_s = tokens_per_round / max(1e-9, m.wall_s)
             metrics.write(round_record(node.peer_id, m, started))
+            rejoined = rejoin.after_round(m)
+            if rejoined is not None:
+                metrics.write(rejoined)
+                server.publish(peer.state)
             if peer.state.round % opts.checkpoint_every == 0:
                 save_checkpoint(peer, ckpt)
         final_hash = save_checkpoint(peer, ckpt)

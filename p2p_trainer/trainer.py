@@ -17,7 +17,7 @@ import torch
 from p2p_trainer.config import RunConfig
 from p2p_trainer.data import Corpus, TokenStream, validation_batches
 from p2p_trainer.exchange import Exchange
-from p2p_trainer.methods import OuterState, RoundReport, build_method
+from p2p_trainer.methods import OuterState, RoundReport, build_method, grace_tracker
 from p2p_trainer.model import GPT, build_model
 
 logger = logging.getLogger(__name__)
@@ -68,12 +68,15 @@ class Peer:
         )
         self.stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, peer_key)
         self.val = validation_batches(corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches)
-        self.method = build_method(cfg.outer, exchange)
+        self.timing = grace_tracker(cfg.outer)  # §4: step-time EMA feeds the grace window
+        self.method = build_method(cfg.outer, exchange, self.timing)
         self.state = OuterState.from_params(self.params)
         self.step = 0
         self.tokens = 0
         self.tokens_since_merge = 0
         self.on_round: list[Callable[[RoundMetrics], None]] = []
+        self.on_phase: list[Callable[[str, int], None]] = []
+        """Called with ("inner", round) halfway through the inner steps (fault injection in tests)."""
 
     # --------------------------------------------------------------------------- the algorithm
     def run_round(self) -> RoundMetrics:
@@ -81,7 +84,10 @@ class Peer:
         report = RoundReport(self.state.round)
         self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
         losses = []
-        for _ in range(self.cfg.outer.num_inner_steps):
+        for i in range(self.cfg.outer.num_inner_steps):
+            if i == self.cfg.outer.num_inner_steps // 2:
+                for hook in self.on_phase:
+                    hook("inner", self.state.round)
             losses.append(self.inner_step(report))
         compute_s = time.monotonic() - t_round - report.blocked_s
         self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step
@@ -108,6 +114,7 @@ class Peer:
     def inner_step(self, report: RoundReport) -> torch.Tensor:
         """One AdamW step over `grad_accum` micro-batches; returns the mean loss (a tensor: no sync)."""
         inner = self.cfg.inner
+        t0, blocked0 = time.monotonic(), report.blocked_s
         total = torch.zeros((), device=self.device)
         for _ in range(inner.grad_accum):
             x, y = (t.to(self.device, non_blocking=True) for t in self.stream.next_batch())
@@ -125,6 +132,7 @@ class Peer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.timing.observe_step(time.monotonic() - t0 - (report.blocked_s - blocked0))
         return total
 
     # --------------------------------------------------------------------------- helpers

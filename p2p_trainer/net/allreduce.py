@@ -1,14 +1,33 @@
-"""Butterfly all-reduce of one flat float vector within a group, over `Transport` messages.
+"""Butterfly all-reduce of one flat float vector within a group, with a quorum and a grace window.
 
 Member i owns part i of the vector. Phase 1: every member sends part j of its contribution (with
 its weight) to member j. Each owner checks every contribution (size, finiteness, weight bounds)
-before it merges anything, and averages what arrived by the deadline. Phase 2: owners send the
-averaged part to every member. Per member and exchange, 2·(n−1)/n of the vector goes each way,
-as in hivemind's all-reduce; a pair moves exactly one model each way.
+before it merges anything. Phase 2: owners send the averaged part, with the list of members it
+includes, to every member. Per member and exchange, 2·(n−1)/n of the vector goes each way.
 
-The result is complete or it is `Failed`: a part that did not come back fails the exchange
-(hivemind can return a silently partial average; see HIVEMIND_NOTES.md), and the caller's
-tensors are never touched.
+Bounded waiting (ALGORITHMS.md §4). An owner averages its part once a quorum K of the group
+(itself included) has contributed and then at most `grace_s` more; it stops waiting early for
+members that are gone (suspect, out of the live view, or seen in the same exchange under another
+view of the group). Without a quorum it gives up after `quorum_wait_s`. Contributions that come
+later are left out of that round.
+
+Phase 2 when an owner is dead or late: the design choice. A member waits for part j's result at
+most `grace_s + result_wait_s` after its own part is done if j contributed to it (j was alive in
+this exchange), and not at all if j did not (j is dead, stalled or late: its result would come
+late or never). A part whose result did not come, or does not include this member's own
+contribution, is filled with the member's *own* values, and the result is `Ok` with
+`own_parts > 0` and the late members in `left_out`. So every part is either the exact weighted
+mean of the members its owner lists, or this member's own values ("the late peer keeps its own
+update", §4), and this is reported, never silent. We chose this over re-partitioning the dead
+owner's part among the responsive members, which costs another round of messages and another
+wait whose membership the members can again disagree on; a dead owner's part is one n-th of the
+vector for one round, and the dead peer leaves the groups within the heartbeat TTL (sooner where a
+failed send marks it suspect). If no other member's values reached any part, the result is
+`Failed` and the caller's tensors are kept. The caller's tensors are never modified.
+
+Sends run in the background and never hold the caller: a member that does not take its messages
+(dead, stalled, cut off) costs at most the waits above. A send that fails marks the peer in the
+`PeerHealth`.
 """
 
 from __future__ import annotations
@@ -17,15 +36,21 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from p2p_trainer.exchange import ExchangeResult, Failed, Ok, valid_weight
+from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Message, Transport
 
 logger = logging.getLogger(__name__)
+
+POLL_S = 0.2
+"""How often a waiting owner re-checks whether the members it waits for are gone."""
+_background: set[asyncio.Task[None]] = set()
 
 
 def part_bounds(numel: int, n: int) -> list[tuple[int, int]]:
@@ -45,6 +70,14 @@ class GroupSpec:
     members: list[str]
     me: str
     max_weight: float = math.inf
+    quorum: int = 0
+    """K, self included; 0 means the whole group."""
+    quorum_wait_s: float = math.inf
+    grace_s: float = 0.0
+    result_wait_s: float = math.inf
+    view_prefix: str = ""
+    """The key without the member-list digest: messages under it with another digest come from
+    members with another view of this exchange's group."""
 
 
 def _check(msg: Message | None, expected_floats: int, max_weight: float) -> tuple[np.ndarray, float] | str:
@@ -62,7 +95,12 @@ def _check(msg: Message | None, expected_floats: int, max_weight: float) -> tupl
 
 
 async def send_with_retries(
-    transport: Transport, peer: str, header: dict[str, object], payload: bytes, deadline: float
+    transport: Transport,
+    peer: str,
+    header: dict[str, object],
+    payload: bytes,
+    deadline: float,
+    health: PeerHealth | None = None,
 ) -> bool:
     """Deliver one message before `deadline`, retrying with backoff.
 
@@ -72,78 +110,221 @@ async def send_with_retries(
     delay_s = 0.25
     while True:
         try:
-            await transport.send(peer, header, payload)
+            await asyncio.wait_for(
+                transport.send(peer, header, payload), max(0.01, deadline - time.monotonic())
+            )
+            if health is not None:
+                health.delivered(peer)
             return True
         except Exception as exc:  # p2pd reports unreachable peers with several error types
+            if health is not None:
+                health.send_failed(peer)
             if time.monotonic() + delay_s >= deadline:
-                logger.info("send to %s failed for good: %s", peer[-8:], str(exc).splitlines()[0])
+                logger.info(
+                    "send to %s failed for good: %s", peer[-8:], (str(exc) or repr(exc)).splitlines()[0]
+                )
+                if health is not None:
+                    health.gave_up(peer)
                 return False
             await asyncio.sleep(delay_s)
             delay_s = min(2.0, 2 * delay_s)
 
 
+@dataclass
+class _Arrivals:
+    values: dict[int, tuple[np.ndarray, float]]
+    quorum_s: float
+
+
+async def _collect(
+    transport: Transport,
+    group: GroupSpec,
+    me: int,
+    expected: int,
+    started: float,
+    deadline: float,
+    gone: Callable[[str], bool],
+) -> _Arrivals:
+    """Phase 1 at the owner: contributions to part `me` until quorum + grace (or the quorum wait)."""
+    n = len(group.members)
+    need = (group.quorum or n) - 1  # other members needed for the quorum
+    tasks = {
+        asyncio.create_task(
+            transport.mailbox.get(f"{group.key}|c|{me}|{group.members[j]}", deadline - time.monotonic())
+        ): j
+        for j in range(n)
+        if j != me
+    }
+    got: dict[int, tuple[np.ndarray, float]] = {}
+    quorum_s: float | None = None
+    end = min(deadline, started + group.quorum_wait_s)
+    pending = set(tasks)
+    while pending:
+        waiting = [group.members[tasks[t]] for t in pending]
+        other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
+        possible = [m for m in waiting if not gone(m) and m not in other_view]
+        if quorum_s is None and (len(got) >= need or len(got) + len(possible) < need):
+            quorum_s = time.monotonic() - started  # reached, or out of reach: the grace window starts
+            end = min(deadline, time.monotonic() + group.grace_s)
+        if not possible:
+            break  # everyone still missing is gone
+        timeout = end - time.monotonic()
+        if timeout <= 0:
+            break
+        done, pending = await asyncio.wait(
+            pending, timeout=min(timeout, POLL_S), return_when="FIRST_COMPLETED"
+        )
+        for task in done:
+            j = tasks[task]
+            checked = _check(task.result(), expected, group.max_weight)
+            if isinstance(checked, str):
+                logger.warning(
+                    "contribution of %s to %s dropped: %s", group.members[j][-8:], group.key, checked
+                )
+            else:
+                got[j] = checked
+    for task in pending:
+        task.cancel()
+    return _Arrivals(got, time.monotonic() - started if quorum_s is None else quorum_s)
+
+
+def _included(msg: Message, n: int) -> list[int] | None:
+    members = msg.header.get("in")
+    if not isinstance(members, list) or not all(isinstance(i, int) and 0 <= i < n for i in members):
+        return None
+    return members
+
+
+async def _result_part(
+    transport: Transport, group: GroupSpec, j: int, size: int, until: float
+) -> tuple[np.ndarray, list[int]] | str:
+    msg = await transport.mailbox.get(f"{group.key}|r|{j}|{group.members[j]}", until - time.monotonic())
+    n = len(group.members)
+    checked = _check(msg, size, n * group.max_weight)
+    if isinstance(checked, str):
+        return checked
+    included = _included(msg, n) if msg is not None else None
+    if included is None:
+        return "has no valid list of included members"
+    return checked[0], included
+
+
+async def _gather_results(
+    transport: Transport,
+    group: GroupSpec,
+    bounds: list[tuple[int, int]],
+    out: np.ndarray,
+    contributed: set[int],
+    own_done: float,
+    deadline: float,
+) -> tuple[list[int], set[str]]:
+    """Phase 2: write the other owners' averaged parts into `out` where they come back in time.
+
+    Waits `grace_s + result_wait_s` for owners that contributed to this member's part, not at all
+    for the others. Returns the contributor count of each part received (1 for a part kept as own
+    values) and the short ids of members left out of some part.
+    """
+    n, me = len(group.members), group.members.index(group.me)
+    short = [m[-8:] for m in group.members]
+    others = [j for j in range(n) if j != me]
+    patient = min(deadline, own_done + group.grace_s + group.result_wait_s)
+    waits = {
+        j: asyncio.create_task(
+            _result_part(
+                transport, group, j, bounds[j][1] - bounds[j][0], patient if j in contributed else own_done
+            )
+        )
+        for j in others
+    }
+    sizes, left_out = [], set()
+    for j, task in waits.items():
+        got = await task
+        if isinstance(got, str) or me not in got[1]:
+            why = got if isinstance(got, str) else "does not include this member's contribution"
+            logger.info("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
+            left_out.add(short[j])
+            sizes.append(1)
+            continue
+        a, b = bounds[j]
+        out[a:b] = got[0]
+        sizes.append(len(got[1]))
+        left_out.update(short[i] for i in others if i not in got[1])
+    return sizes, left_out
+
+
+def _finish_in_background(sends: list[asyncio.Task[bool]], transport: Transport, key: str) -> None:
+    async def finish() -> None:
+        await asyncio.gather(*sends, return_exceptions=True)
+        transport.mailbox.discard(key)
+
+    task = asyncio.create_task(finish())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
 async def butterfly_average(
-    transport: Transport, group: GroupSpec, flat: torch.Tensor, weight: float, deadline: float
+    transport: Transport,
+    group: GroupSpec,
+    flat: torch.Tensor,
+    weight: float,
+    deadline: float,
+    health: PeerHealth | None = None,
+    gone: Callable[[str], bool] = lambda _: False,
+    contributed: Callable[[], None] | None = None,
 ) -> ExchangeResult:
+    """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered."""
     started = time.monotonic()
     n, me = len(group.members), group.members.index(group.me)
     bounds = part_bounds(flat.numel(), n)
     data = flat.detach().to(torch.float32).contiguous().numpy()
     others = [j for j in range(n) if j != me]
-    # phase 1 sends the others' parts and receives n−1 copies of mine; phase 2 the reverse
-    moved = 4 * (sum(bounds[j][1] - bounds[j][0] for j in others) + (n - 1) * (bounds[me][1] - bounds[me][0]))
+    short = [m[-8:] for m in group.members]
 
-    async def send(j: int, phase: str, part: int, payload: bytes, header_extra: dict[str, float]) -> None:
-        header = {"key": f"{group.key}|{phase}|{part}", **header_extra}
-        await send_with_retries(transport, group.members[j], header, payload, deadline)
+    def send(j: int, phase: str, part: int, payload: bytes, extra: dict[str, object]) -> asyncio.Task[bool]:
+        header = {"key": f"{group.key}|{phase}|{part}", **extra}
+        return asyncio.create_task(
+            send_with_retries(transport, group.members[j], header, payload, deadline, health)
+        )
 
     lo, hi = bounds[me]
-    phase1 = [
-        asyncio.create_task(send(j, "c", j, data[bounds[j][0] : bounds[j][1]].tobytes(), {"w": weight}))
-        for j in others
-    ]
-    acc, total_w, contributors = data[lo:hi].astype(np.float64) * weight, weight, 1
-    for j in others:
-        remaining = deadline - time.monotonic()
-        msg = await transport.mailbox.get(f"{group.key}|c|{me}|{group.members[j]}", remaining)
-        checked = _check(msg, hi - lo, group.max_weight)
-        if isinstance(checked, str):
-            logger.warning("contribution of %s to %s dropped: %s", group.members[j][-8:], group.key, checked)
-            continue
-        values, w = checked
+    sends = [send(j, "c", j, data[bounds[j][0] : bounds[j][1]].tobytes(), {"w": weight}) for j in others]
+    if contributed is not None:
+        await asyncio.wait(sends, timeout=2.0)  # delivered (or a member is not taking them)
+        contributed()
+    arrivals = await _collect(transport, group, me, hi - lo, started, deadline, gone)
+    acc, total_w = data[lo:hi].astype(np.float64) * weight, weight
+    for values, w in arrivals.values.values():
         acc += values.astype(np.float64) * w
         total_w += w
-        contributors += 1
+    included = sorted([me, *arrivals.values])
     mine = (acc / total_w).astype(np.float32)
-    phase2 = [
-        asyncio.create_task(send(j, "r", me, mine.tobytes(), {"w": total_w, "n": contributors}))
-        for j in others
-    ]
-    out = np.empty_like(data)
+    sends += [send(j, "r", me, mine.tobytes(), {"w": total_w, "in": included}) for j in others]
+    own_done = time.monotonic()
+
+    out = data.copy()  # parts that do not come back keep this member's own values
     out[lo:hi] = mine
-    min_contributors = contributors
-    for j in others:
-        msg = await transport.mailbox.get(
-            f"{group.key}|r|{j}|{group.members[j]}", deadline - time.monotonic()
+    sizes, left_out = await _gather_results(
+        transport, group, bounds, out, set(arrivals.values), own_done, deadline
+    )
+    sizes.append(len(included))
+    left_out |= {short[j] for j in others if j not in arrivals.values}
+    _finish_in_background(sends, transport, group.key)
+    elapsed = time.monotonic() - started
+    own_parts = sum(1 for s in sizes if s == 1)
+    if max(sizes) == 1:
+        return Failed(
+            f"no member's values arrived within the grace window (left out: {sorted(left_out)})", elapsed
         )
-        a, b = bounds[j]
-        checked = _check(msg, b - a, math.inf)
-        if isinstance(checked, str):
-            await asyncio.gather(*phase1, *phase2)
-            transport.mailbox.discard(group.key)
-            return Failed(
-                f"averaged part {j} from {group.members[j][-8:]} {checked}", time.monotonic() - started
-            )
-        out[a:b] = checked[0]
-        n_part = msg.header.get("n") if msg is not None else 0
-        min_contributors = min(min_contributors, n_part if isinstance(n_part, int) else 0)
-    await asyncio.gather(*phase1, *phase2)
-    transport.mailbox.discard(group.key)
+    moved = 4 * (sum(bounds[j][1] - bounds[j][0] for j in others) + (n - 1) * (hi - lo))
     return Ok(
         [torch.from_numpy(out)],
-        group_size=min_contributors,
+        group_size=min(sizes),
         total_weight=total_w,
         bytes_sent=moved,
         bytes_received=moved,
-        elapsed_s=time.monotonic() - started,
+        elapsed_s=elapsed,
+        left_out=tuple(sorted(left_out)),
+        own_parts=own_parts,
+        quorum_s=arrivals.quorum_s,
+        sync_s=time.monotonic() - own_done,
     )

@@ -9,6 +9,8 @@ runs and replaces with a `stopped` record when it shuts down cleanly.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -21,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 import hivemind
+from hivemind.p2p import PeerID
 
 from p2p_trainer.net import processes, reaper, records
 from p2p_trainer.net.addresses import announce_maddr, host_maddr, validate_initial_peers
@@ -210,6 +213,15 @@ async def _connected_peers(_dht: hivemind.DHT, node: Any) -> int:
     return len(await node.p2p.list_peers())
 
 
+async def _ping_peers(peer_ids: list[str], _dht: hivemind.DHT, node: Any) -> int:
+    """Ping peers by id (p2pd finds their addresses); responders re-enter the routing table."""
+    found = await asyncio.gather(
+        *(node.protocol.call_ping(PeerID.from_base58(p), validate=False, strict=False) for p in peer_ids),
+        return_exceptions=True,
+    )
+    return sum(1 for r in found if r is not None and not isinstance(r, BaseException))
+
+
 class NetNode:
     """A running DHT node with our identity. Implements `records.DHTLike` (calls are serialised)."""
 
@@ -274,6 +286,22 @@ class NetNode:
         with self._calls:
             future = self.dht.run_coroutine(_visible_maddrs, return_future=True)
             return [str(addr) for addr in self._wait(future, "address query")]
+
+    def ping_peers(self, peer_ids: list[str], timeout_s: float = 10.0) -> int:
+        """Ping peers by id and return how many answered.
+
+        After a partition heals, a node whose routing table emptied (every call timed out) has
+        no one to ask: pinging the peers it knew (and its bootstrap nodes) reconnects it.
+        """
+        with self._calls:
+            future = self.dht.run_coroutine(
+                functools.partial(_ping_peers, list(peer_ids)), return_future=True
+            )
+            return int(self._wait(future, "ping", timeout_s))
+
+    def bootstrap_ids(self) -> list[str]:
+        """Peer ids of the initial peers this node was started with."""
+        return [m.rsplit("/p2p/", 1)[1] for m in self.config.initial_peers if "/p2p/" in m]
 
     def connected_peers(self) -> int:
         """How many peers p2pd is connected to now."""

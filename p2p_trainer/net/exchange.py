@@ -4,12 +4,19 @@ Groups are derived from (run seed, tag, round, gossip step) and the live set the
 the in-process backend, so no matchmaking round-trips are needed and groups change every round.
 The member list is hashed into the exchange key: peers whose views of the swarm differ (a join
 or a death not yet seen by all) simply do not meet, and time out into `Failed` instead of
-mixing inconsistent parts.
+mixing inconsistent parts. Waiting is bounded by the request's quorum and grace window
+(`allreduce.py`). Peers that a failed send marked suspect (`health.py`) are not waited for, so a
+dead peer stops costing grace windows before its heartbeat expires; they stay in the groups
+until then. Suspicion is local: leaving suspects out of the groups made the peers' member lists
+differ (one had seen the failed send, the other not), and then no one met for the TTL. Measured
+here: with suspects excluded, a survivor failed 7 rounds in a row after a kill; kept in, the
+survivors merge all parts but the dead peer's from the next round on.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import math
 import time
@@ -18,8 +25,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from p2p_trainer.exchange import ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.grace import quorum_size
 from p2p_trainer.groups import group_of, group_seed
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+from p2p_trainer.net.health import PeerHealth
+from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.transport import Transport
 
 
@@ -55,6 +65,10 @@ class _Pending:
                 res.bytes_sent,
                 res.bytes_received,
                 res.elapsed_s,
+                res.left_out,
+                res.own_parts,
+                res.quorum_s,
+                res.sync_s,
             )
         return res
 
@@ -69,36 +83,68 @@ class NetworkExchange:
         run_id: str,
         seed: int,
         max_weight: float = math.inf,
+        health: PeerHealth | None = None,
     ) -> None:
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id
+        self.health = health or PeerHealth()
+        self.fault_hook: SelfKill | None = None
+        """Test tool: called with ("mix1" | "exchange", round) once this peer has contributed."""
+
+    def _live(self) -> set[str]:
+        return set(self.live_peers()) | {self.me}
+
+    def _gone(self, peer: str) -> bool:
+        return self.health.suspect(peer) or peer not in self.live_peers()
 
     def _group(self, request: ExchangeRequest) -> GroupSpec:
-        live = sorted(set(self.live_peers()) | {self.me})
+        live = sorted(self._live())
         seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
         _, members = group_of(self.me, live, request.group_size, seed)
         digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
-        key = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/{digest}"
-        return GroupSpec(key=key, members=members, me=self.me, max_weight=self.max_weight)
+        prefix = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/"
+        return GroupSpec(
+            key=prefix + digest,
+            members=members,
+            me=self.me,
+            max_weight=self.max_weight,
+            quorum=quorum_size(len(members), request.quorum_fraction),
+            quorum_wait_s=request.quorum_wait_s,
+            grace_s=request.grace_s,
+            result_wait_s=request.result_wait_s,
+            view_prefix=prefix,
+        )
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _Pending:
         like = [t.detach() for t in tensors]
         flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
         group = self._group(request)
         deadline = time.monotonic() + request.timeout_s
+        phase = "mix1" if request.tag == "mix1" else "exchange"
+        hook, contributed = self.fault_hook, None
+        if hook is not None and hook.wants(phase, request.round):
+            contributed = functools.partial(hook, phase, request.round)
         if len(group.members) == 1:
+            if contributed is not None:
+                contributed()  # alone: the fault point is reached all the same
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
             return _Pending(done, like)
-        fut = self.transport.submit(butterfly_average(self.transport, group, flat, request.weight, deadline))
+        # our own weight obeys the bound the others check, or they would drop our contribution
+        weight = min(request.weight, self.max_weight)
+        fut = self.transport.submit(
+            butterfly_average(
+                self.transport, group, flat, weight, deadline, self.health, self._gone, contributed
+            )
+        )
         return _Pending(fut, like)
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         return self.start(tensors, request).result(request.timeout_s + 1.0)
 
     def num_live_peers(self) -> int:
-        return len(set(self.live_peers()) | {self.me})
+        return len(self._live())
 
     def close(self) -> None:
         self.transport.close()

@@ -104,6 +104,8 @@ class Heartbeat:
     software_version: str
     timestamp: float
     """DHT time when the record was made."""
+    leaving: bool = False
+    """A tombstone: the peer left cleanly; `list_live_peers` drops it before its TTL runs out."""
 
     def encode(self) -> bytes:
         return pack(asdict(self))
@@ -114,6 +116,9 @@ class Heartbeat:
         loss = fields.get("loss")
         if loss is not None:
             loss = float(_non_negative(fields, "loss", (int, float)))
+        leaving = fields.get("leaving", False)
+        if not isinstance(leaving, bool):
+            raise RecordError(f"field 'leaving' has type {type(leaving).__name__}")
         return Heartbeat(
             peer_id=_field(fields, "peer_id", str),
             round=_non_negative(fields, "round", int),
@@ -122,6 +127,7 @@ class Heartbeat:
             throughput_tokens_per_s=float(_non_negative(fields, "throughput_tokens_per_s", (int, float))),
             software_version=_field(fields, "software_version", str),
             timestamp=float(_non_negative(fields, "timestamp", (int, float))),
+            leaving=leaving,
         )
 
 
@@ -149,7 +155,10 @@ def publish_heartbeat(dht: DHTLike, run_name: str, heartbeat: Heartbeat, ttl_s: 
 
 
 def list_live_peers(dht: DHTLike, run_name: str) -> list[Heartbeat]:
-    """Heartbeats of the run's live peers, sorted by peer id; malformed records are logged and dropped."""
+    """Heartbeats of the run's live peers, sorted by peer id; malformed records are logged and dropped.
+
+    Tombstones (`leaving`) are left out: a peer that left cleanly disappears at once.
+    """
     found = dht.get(heartbeat_key(run_name), latest=True)
     if found is None:
         return []
@@ -167,7 +176,7 @@ def list_live_peers(dht: DHTLike, run_name: str) -> list[Heartbeat]:
         except RecordError as e:
             logger.warning("dropping malformed heartbeat under subkey %r: %s", subkey, e)
             continue
-        if float(getattr(entry, "expiration_time", 0.0)) >= current:
+        if float(getattr(entry, "expiration_time", 0.0)) >= current and not heartbeat.leaving:
             heartbeats.append(heartbeat)
     return sorted(heartbeats, key=lambda h: h.peer_id)
 

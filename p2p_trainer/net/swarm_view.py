@@ -2,7 +2,8 @@
 
 A background thread refreshes both every `period_s`; exchanges read the cached list, so forming
 a group never waits on the DHT. A peer that misses `ttl_s` of heartbeats drops out of everyone's
-view and of later groups.
+view and of later groups. A peer that sees no one else any more (its link was cut, and its DHT
+routing table emptied) pings the peers it knew and its bootstrap nodes until they answer again.
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ class SwarmView:
         self.period_s, self.ttl_s = period_s, ttl_s
         self.status = PeerStatus()
         self._peers: list[records.Heartbeat] = []
+        self._known: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
         self._thread = threading.Thread(target=self._loop, name="swarm-view", daemon=True)
         self._thread.start()
 
-    def _refresh(self) -> None:
+    def _beat(self, leaving: bool = False) -> records.Heartbeat:
         st = self.status
-        beat = records.Heartbeat(
+        return records.Heartbeat(
             peer_id=self.node.peer_id,
             round=st.round,
             tokens_processed=st.tokens_processed,
@@ -51,15 +53,31 @@ class SwarmView:
             throughput_tokens_per_s=st.throughput_tokens_per_s,
             software_version=__version__,
             timestamp=records.now(),
+            leaving=leaving,
         )
+
+    def _refresh(self) -> None:
         try:
-            records.publish_heartbeat(self.node, self.run_name, beat, self.ttl_s)
+            records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s)
             peers = records.list_live_peers(self.node, self.run_name)
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
             logger.warning("heartbeat refresh failed: %s", exc)
             return
         with self._lock:
             self._peers = peers
+        others = {h.peer_id for h in peers} - {self.node.peer_id}
+        self._known |= others
+        if not others and self._known:
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        targets = sorted(self._known | set(self.node.bootstrap_ids()))
+        try:
+            answered = self.node.ping_peers(targets, timeout_s=self.period_s + 3)
+        except (TimeoutError, RuntimeError) as exc:
+            logger.info("no peer in view; pinging %d known peers failed: %s", len(targets), exc)
+            return
+        logger.info("no peer in view; %d of %d known peers answered a ping", answered, len(targets))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -81,5 +99,10 @@ class SwarmView:
         return len(set(self.live_peers()) | {self.node.peer_id})
 
     def close(self) -> None:
+        """Stop heartbeating and withdraw: a tombstone replaces this peer's heartbeat record."""
         self._stop.set()
         self._thread.join(timeout=self.period_s + 5)
+        try:
+            records.publish_heartbeat(self.node, self.run_name, self._beat(leaving=True), self.ttl_s)
+        except (records.RecordError, TimeoutError, RuntimeError) as exc:
+            logger.warning("could not withdraw the heartbeat (it expires in %.0f s): %s", self.ttl_s, exc)

@@ -100,6 +100,18 @@ class Mailbox:
         except asyncio.TimeoutError:
             return None
 
+    def senders_under(self, prefix: str, exclude_prefix: str) -> set[str]:
+        """Senders of messages whose key starts with `prefix` but not `exclude_prefix`.
+
+        Keys end in `|<sender>`; an exchange uses this to see members that joined the same
+        exchange under another view of the group (they will not contribute to ours).
+        """
+        return {
+            key.rsplit("|", 1)[1]
+            for key in self._entries
+            if key.startswith(prefix) and not key.startswith(exclude_prefix)
+        }
+
     def discard(self, prefix: str) -> None:
         """Forget everything under an exchange's key prefix once it is finished."""
         for key in [k for k in self._entries if k.startswith(prefix)]:
@@ -196,6 +208,11 @@ class Transport:
         own_sockets = own_unix_socket_paths()
 
         async def stop() -> None:
+            # background sends to peers that never answered: cancel them, do not leave them pending
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
                 await self.p2p.remove_binary_stream_handler(PROTOCOL)
                 await self.p2p.shutdown()

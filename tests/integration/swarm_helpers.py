@@ -108,3 +108,25 @@ def group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def node_sockets(key_path: Path) -> set[Path]:
+    """Socket files of the running p2pd that uses the identity `key_path` (daemon and client).
+
+    Unlike a before/after glob of /tmp, this stays right while other swarms run on the machine.
+    """
+    found: set[Path] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if f"-id={key_path}" not in args:
+            continue
+        for arg in args:
+            if arg.startswith("-listen=/unix") and "hivemind-p2pd-" in arg:
+                daemon = Path(arg.removeprefix("-listen=/unix"))
+                found |= {daemon, daemon.with_name(daemon.name.replace("p2pd", "p2pclient", 1))}
+    return found

@@ -34,7 +34,8 @@ def _stop_all(children: list[Child]) -> None:
 
 @pytest.mark.parametrize("method", ["diloco"])
 def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str) -> None:
-    opts = local_options(tmp_path, tiny_config(method, rounds=ROUNDS), peers=3)
+    # full quorum: exact equality of the members needs every contribution in every round (§4)
+    opts = local_options(tmp_path, tiny_config(method, rounds=ROUNDS, quorum_fraction=1.0), peers=3)
     boot, initial = start_bootstrap(tmp_path, 60)
     children = [boot]
     try:

@@ -51,6 +51,15 @@ def test_heartbeats_expire(dht: hivemind.DHT) -> None:
     assert [b.peer_id for b in records.list_live_peers(dht, "expiry")] == [PEER_B]
 
 
+def test_tombstone_withdraws_a_heartbeat_before_its_ttl(dht: hivemind.DHT) -> None:
+    records.publish_heartbeat(dht, "leaving", heartbeat(PEER_A), ttl_s=30)
+    records.publish_heartbeat(dht, "leaving", heartbeat(PEER_B), ttl_s=30)
+    records.publish_heartbeat(
+        dht, "leaving", heartbeat(PEER_A, leaving=True, timestamp=records.now()), ttl_s=31
+    )
+    assert [b.peer_id for b in records.list_live_peers(dht, "leaving")] == [PEER_B]
+
+
 def _raw(fields: dict[str, object]) -> bytes:
     return bytes(msgpack.packb(fields, use_bin_type=True))
 

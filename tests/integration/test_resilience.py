@@ -1,0 +1,284 @@
+"""Resilience with real processes: killed, stalled and cut-off peers, a dead bootstrap, SIGTERM+resume.
+
+Every survivor must finish its rounds, and its longest pause (a round's `blocked_s`) must stay
+below the configured bound `outer.pause_bound_s` (quorum wait + 3 grace windows, here 4 + 3·2 s),
+far below the 60 s exchange timeout. The measured pauses are printed (run with `-s`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2p_trainer.config import RunConfig
+from p2p_trainer.local import start_bootstrap, start_peer
+from p2p_trainer.metrics import read_records
+from p2p_trainer.procs import Child, wait_all
+from p2p_trainer.testbed.config import TestbedConfig, uniform_hosts
+from p2p_trainer.testbed.pytest_fixture import TestbedFactory, testbed_factory
+from p2p_trainer.testbed.testbed import Testbed
+from tests.integration.swarm_helpers import (
+    final_of,
+    group_gone,
+    local_options,
+    node_sockets,
+    rounds_of,
+    tiny_config,
+    wait_until,
+)
+
+__all__ = ["testbed_factory"]  # the imported fixture is used by name
+pytestmark = pytest.mark.timeout(180)
+SLACK_S = 1.0
+"""Scheduling noise on a shared 2-core machine, on top of the bound."""
+RESILIENT = {
+    "quorum_wait_max_s": 4.0,
+    "grace_max_s": 2.0,
+    "grace_min_s": 1.0,
+    "mix1_grace_s": 2.0,
+}
+
+
+def _config(method: str, rounds: int, h: int = 20) -> RunConfig:
+    return tiny_config(method, rounds=rounds, h=h, **RESILIENT)
+
+
+class Swarm:
+    """A bootstrap node and `n` peers of one run in `run_dir`; everything stopped and reaped at exit."""
+
+    def __init__(
+        self, run_dir: Path, cfg: RunConfig, n: int, extra: dict[int, list[str]] | None = None
+    ) -> None:
+        self.run_dir, self.cfg, self.n = run_dir, cfg, n
+        self.opts = local_options(run_dir, cfg, peers=n)
+        self.boot, self.initial = start_bootstrap(run_dir, 60)
+        self.peers: dict[int, Child] = {}
+        self.sockets: set[Path] = set()
+        self.note_sockets()
+        for i in range(n):
+            self.start(i, (extra or {}).get(i, []))
+
+    def note_sockets(self) -> None:
+        """Remember the p2pd socket files of this swarm's running nodes (checked at close)."""
+        for key in (self.run_dir / "keys").glob("*.key"):
+            self.sockets |= node_sockets(key)
+
+    def start(self, i: int, extra: list[str]) -> Child:
+        self.peers[i] = start_peer(self.opts, i, self.initial, threads=1, extra=extra)
+        return self.peers[i]
+
+    def rounds(self, i: int) -> list[dict[str, Any]]:
+        return rounds_of(self.run_dir, i)
+
+    def close(self) -> None:
+        for c in self.peers.values():
+            c.stop(timeout_s=20)
+        self.boot.stop(timeout_s=15)
+        for c in [*self.peers.values(), self.boot]:
+            assert group_gone(c.pid), f"{c.name}'s processes survived"
+        assert self.sockets, "no p2pd socket was noted"
+        left = [p for p in self.sockets if p.exists()]
+        assert not left, f"socket files left behind: {left}"
+
+
+def _max_pause(rounds: list[dict[str, Any]]) -> float:
+    return max(float(r["blocked_s"]) for r in rounds)
+
+
+def _merged(rounds: list[dict[str, Any]]) -> list[bool]:
+    """Per round: did every exchange merge with another peer, with no part kept as own values?"""
+    return [
+        bool(r["exchanges"])
+        and all(e["ok"] and e["group_size"] >= 2 and e["own_parts"] == 0 for e in r["exchanges"])
+        for r in rounds
+    ]
+
+
+def _merged_share(rounds: list[dict[str, Any]]) -> float:
+    """Share of rounds that merged fully; not all of them do on a loaded 2-core machine, where a
+    peer's inner steps are sometimes held back for longer than the grace window."""
+    merged = _merged(rounds)
+    return sum(merged) / max(1, len(merged))
+
+
+def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
+    assert wait_all([swarm.peers[i] for i in survivors], timeout_s=200), f"{label}: survivors did not finish"
+    pauses = []
+    for i in survivors:
+        assert swarm.peers[i].proc.returncode == 0, f"{label}: peer{i} crashed"
+        rounds = swarm.rounds(i)
+        final = final_of(swarm.run_dir, i)
+        assert final is not None and final["round"] == len(rounds), f"{label}: peer{i} did not finish"
+        assert [r["round"] for r in rounds] == list(range(len(rounds))), f"{label}: peer{i} skipped rounds"
+        pauses.append(_max_pause(rounds))
+        # peers that stop by wall time stop a few rounds apart: judge the rounds before the last four
+        share = _merged_share(rounds[-12:-4])
+        assert share >= 0.6, f"{label}: peer{i} merges with the others in only {share:.0%} of the last rounds"
+    bound = swarm.cfg.outer.pause_bound_s
+    after_start = max(_max_pause(swarm.rounds(i)[1:]) for i in survivors)  # round 0 absorbs start-up skew
+    print(
+        f"\n{label}: survivors' longest pause {max(pauses):.2f} s, {after_start:.2f} s after round 0"
+        f" (bound {bound:.1f} s + {SLACK_S} s)"
+    )
+    assert max(pauses) < bound + SLACK_S, (label, pauses)
+    return max(pauses)
+
+
+# --------------------------------------------------------------------------- a peer killed at each phase
+
+
+@pytest.mark.parametrize(
+    ("phase", "method"), [("inner", "diloco"), ("mix1", "factored"), ("exchange", "diloco")]
+)
+def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: str, method: str) -> None:
+    cfg = _config(method, rounds=100_000)  # every peer stops after --max-minutes instead
+    limit = ["--max-minutes", "0.6"]  # long enough to see the dead peer leave the groups (TTL 8 s)
+    swarm = Swarm(tmp_path, cfg, 3, extra={0: limit, 1: limit, 2: [*limit, "--kill-self-at", f"{phase}:4"]})
+    try:
+        assert wait_until(lambda: len(swarm.rounds(2)) >= 1, 120), "the swarm did not get going"
+        swarm.note_sockets()
+        assert wait_until(lambda: not swarm.peers[2].alive(), 120), "the victim did not die"
+        assert swarm.peers[2].proc.returncode == -signal.SIGKILL
+        assert swarm.rounds(2)[-1]["round"] == 3  # it died in round 4, before reporting it
+        _survivors_ok(swarm, [0, 1], f"SIGKILL during {phase} ({method})")
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- stall, then recover
+
+
+@pytest.mark.timeout(300)
+def test_stalled_peer_is_left_out_then_merges_again(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=80)
+    swarm = Swarm(tmp_path, cfg, 3)
+    victim = swarm.peers[2]
+    try:
+        assert wait_until(lambda: len(swarm.rounds(2)) >= 3, 120), "the swarm did not get going"
+        swarm.note_sockets()
+        os.killpg(victim.pid, signal.SIGSTOP)  # the whole node: trainer, DHT process, p2pd
+        stalled_at = len(swarm.rounds(0))
+        time.sleep(12.0)  # longer than the heartbeat TTL (8 s)
+        os.killpg(victim.pid, signal.SIGCONT)
+        assert len(swarm.rounds(0)) > stalled_at + 3, "survivors did not keep training during the stall"
+        _survivors_ok(swarm, [0, 1], "SIGSTOP for 12 s")
+        assert wait_all([victim], 60) and victim.proc.returncode == 0
+        records = read_records(tmp_path / "peer2" / "metrics.jsonl")
+        assert any(r["kind"] == "rejoin" for r in records), "the stalled peer did not rejoin"
+        assert _merged_share(swarm.rounds(2)[-8:]) >= 0.6, "the stalled peer does not merge again"
+        left_out = [r for r in swarm.rounds(0) if any(e["left_out"] for e in r["exchanges"])]
+        assert left_out, "the stalled peer was never left out"
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- the bootstrap node dies
+
+
+def test_bootstrap_death_does_not_stop_a_running_swarm(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=20)
+    swarm = Swarm(tmp_path, cfg, 3)
+    try:
+        assert wait_until(lambda: all(len(swarm.rounds(i)) >= 3 for i in range(3)), 120)
+        swarm.note_sockets()
+        os.killpg(swarm.boot.pid, signal.SIGKILL)
+        killed_at = len(swarm.rounds(0))
+        _survivors_ok(swarm, [0, 1, 2], "bootstrap SIGKILLed")
+        after = [r for r in swarm.rounds(0) if r["round"] >= killed_at]
+        assert after and _merged_share(after) >= 0.6, "rounds after the bootstrap's death did not merge"
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- SIGTERM, then resume
+
+
+def test_sigterm_then_resume_continues_from_the_same_round(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=100_000, h=5)
+    swarm = Swarm(tmp_path, cfg, 1)
+    try:
+        assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the peer did not start training"
+        swarm.note_sockets()
+        peer_sockets = node_sockets(tmp_path / "keys" / "peer0.key")
+        assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 0
+        assert peer_sockets and not any(p.exists() for p in peer_sockets), "SIGTERM left sockets"
+        final = final_of(tmp_path, 0)
+        assert final is not None and final["stopped"] is True
+        stopped_round, stopped_hash = final["round"], final["state_hash"]
+        assert stopped_round == len(swarm.rounds(0))
+        swarm.start(0, ["--resume", "--wait-for-peers", "1"])
+        assert wait_until(lambda: len(swarm.rounds(0)) >= stopped_round + 2, 120), "resume did not train"
+        records = read_records(tmp_path / "peer0" / "metrics.jsonl")
+        resume = [r for r in records if r["kind"] == "resume"]
+        assert resume and resume[0]["round"] == stopped_round and resume[0]["state_hash"] == stopped_hash
+        rounds_after = [r["round"] for r in records[records.index(resume[0]) :] if r["kind"] == "round"]
+        assert rounds_after[0] == stopped_round, rounds_after[:3]
+    finally:
+        swarm.close()
+
+
+# --------------------------------------------------------------------------- a cut link, then healed
+
+PORT = 31337  # every namespace has its own ports; hivemind needs an explicit announced port
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _in_host(tb: Testbed, host: str, argv: list[str], log: Path, stdout: int | None = None) -> Any:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    with open(log, "ab") as err:
+        return tb.run(host, [sys.executable, "-m", "p2p_trainer", *argv], env=env, stdout=stdout, stderr=err)
+
+
+@pytest.mark.timeout(300)
+def test_partitioned_peer_is_left_out_then_merges_again(
+    tmp_path: Path, testbed_factory: TestbedFactory
+) -> None:
+    """Skipped (by the fixture, with the reason) where network namespaces are unavailable (not root)."""
+    tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(4, rate_mbit=None, cpu_cores=None)))
+    cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
+    opts = local_options(tmp_path, cfg, peers=3)
+    boot_argv = ["bootstrap", "--host", tb.address("h0"), "--port", str(PORT)]
+    boot_argv += ["--identity", str(tmp_path / "keys" / "bootstrap.key")]
+    boot = _in_host(tb, "h0", boot_argv, tmp_path / "bootstrap.log", stdout=subprocess.PIPE)
+    initial = boot.stdout.readline().decode().split()
+    assert initial and initial[0] == "--initial-peers", initial
+    peers = []
+    for i in range(3):
+        argv = ["join", "--config", str(opts.config_path), *initial, "--port", str(PORT)]
+        argv += ["--identity", str(tmp_path / "keys" / f"peer{i}.key"), "--host", tb.address(f"h{i + 1}")]
+        argv += ["--run-dir", str(tmp_path / f"peer{i}"), "--wait-for-peers", "3", "--torch-threads", "1"]
+        argv += ["--max-minutes", "0.7"]
+        peers.append(_in_host(tb, f"h{i + 1}", argv, tmp_path / f"peer{i}" / "log.txt"))
+    assert wait_until(lambda: len(rounds_of(tmp_path, 2)) >= 3, 120), "the swarm did not get going"
+    tb.cut("h3")  # peer2 loses its link: packets are dropped silently
+    cut_at = len(rounds_of(tmp_path, 0))
+    time.sleep(12.0)
+    tb.heal("h3")
+    assert len(rounds_of(tmp_path, 0)) > cut_at + 3, "survivors did not keep training during the cut"
+    deadline = time.monotonic() + 150
+    while any(p.poll() is None for p in peers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert all(p.returncode == 0 for p in peers), [p.returncode for p in peers]
+    pauses = [_max_pause(rounds_of(tmp_path, i)) for i in (0, 1)]
+    bound = cfg.outer.pause_bound_s
+    print(
+        f"\nlink cut for 12 s: survivors' longest pause {max(pauses):.2f} s (bound {bound:.1f} s + {SLACK_S} s)"
+    )
+    assert max(pauses) < bound + SLACK_S, pauses
+    assert any(any(e["left_out"] for e in r["exchanges"]) for r in rounds_of(tmp_path, 0))
+    # A peer cut off long enough races ahead alone and rejoins the majority's round by download; a
+    # few rounds ahead, it is caught up by the others while its quorum waits run out. Either way
+    # it must merge with them again:
+    rejoined = [r for r in read_records(tmp_path / "peer2" / "metrics.jsonl") if r["kind"] == "rejoin"]
+    print(f"the cut-off peer rejoined by download: {rejoined}")
+    for i in range(3):
+        # the peers stop by wall time, a few rounds apart: judge the rounds before the last four
+        assert _merged_share(rounds_of(tmp_path, i)[-12:-4]) >= 0.6, f"peer{i} does not merge at the end"

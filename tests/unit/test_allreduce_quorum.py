@@ -1,0 +1,179 @@
+"""The butterfly's quorum, grace window and bounded phase 2, over an in-memory fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from p2p_trainer.exchange import Failed, Ok
+from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
+from p2p_trainer.net.health import PeerHealth
+from p2p_trainer.net.transport import Mailbox, Message
+
+GRACE_S = 0.3
+
+
+class FakeTransport:
+    """Delivers straight into the receiver's mailbox; sends to a dead peer raise like p2pd does."""
+
+    def __init__(self, peer_id: str, net: dict[str, FakeTransport], dead: set[str]) -> None:
+        self.peer_id, self.net, self.dead = peer_id, net, dead
+        self.mailbox = Mailbox()
+
+    async def send(self, peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        await asyncio.sleep(0.001)
+        if peer in self.dead:
+            raise ConnectionError(f"{peer} refused")
+        self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))
+
+
+def _spec(members: list[str], me: str, quorum: int) -> GroupSpec:
+    return GroupSpec(
+        key="run/outer/0/0/abc",
+        members=members,
+        me=me,
+        quorum=quorum,
+        quorum_wait_s=5.0,
+        grace_s=GRACE_S,
+        result_wait_s=1.0,
+        view_prefix="run/outer/0/0/",
+    )
+
+
+async def _run(
+    n: int, dead: set[str], quorum: int, delays: dict[str, float] | None = None
+) -> tuple[dict[str, Any], dict[str, float], list[torch.Tensor]]:
+    members = [f"peer{i}" for i in range(n)]
+    net: dict[str, FakeTransport] = {}
+    for m in members:
+        net[m] = FakeTransport(m, net, dead)
+    flats = [torch.full((10,), float(i)) for i in range(n)]
+    elapsed: dict[str, float] = {}
+
+    async def one(i: int) -> Any:
+        await asyncio.sleep((delays or {}).get(members[i], 0.0))
+        t0 = time.monotonic()
+        res = await butterfly_average(
+            net[members[i]],  # type: ignore[arg-type]
+            _spec(members, members[i], quorum),
+            flats[i],
+            1.0,
+            time.monotonic() + 30,
+            PeerHealth(),
+            lambda p: p in dead,
+        )
+        elapsed[members[i]] = time.monotonic() - t0
+        return res
+
+    alive = [i for i in range(n) if members[i] not in dead]
+    results = await asyncio.gather(*(one(i) for i in alive))
+    return {members[i]: r for i, r in zip(alive, results, strict=True)}, elapsed, flats
+
+
+def test_all_alive_gives_the_exact_mean() -> None:
+    results, _, _ = asyncio.run(_run(3, set(), quorum=2))
+    for res in results.values():
+        assert isinstance(res, Ok) and res.own_parts == 0 and res.group_size == 3 and not res.left_out
+        torch.testing.assert_close(res.tensors[0], torch.full((10,), 1.0))
+
+
+def test_dead_member_costs_one_grace_window_and_its_part_stays_own() -> None:
+    results, elapsed, flats = asyncio.run(_run(3, {"peer2"}, quorum=2))
+    bounds = part_bounds(10, 3)
+    for name, res in results.items():
+        i = int(name[-1])
+        assert isinstance(res, Ok) and res.own_parts == 1 and res.left_out == ("peer2",)
+        assert elapsed[name] < 2 * GRACE_S + 0.2, elapsed  # not the 30 s deadline
+        out = res.tensors[0].numpy()
+        for j, (a, b) in enumerate(bounds):
+            # survivors' parts are their exact mean; the dead owner's part keeps the own values
+            expect = 0.5 if j < 2 else float(flats[i][0])
+            np.testing.assert_allclose(out[a:b], expect)
+
+
+def test_member_stopping_quorum_is_not_waited_for_past_grace() -> None:
+    # a pair with quorum 1: the partner is dead, the survivor waits only the grace window
+    results, elapsed, _ = asyncio.run(_run(2, {"peer1"}, quorum=1))
+    assert isinstance(results["peer0"], Failed)  # nothing merged anywhere: own tensors kept
+    assert elapsed["peer0"] < GRACE_S + 0.2
+
+
+def test_late_member_is_left_out_and_keeps_own_values() -> None:
+    results, elapsed, flats = asyncio.run(_run(3, set(), quorum=2, delays={"peer2": 1.5}))
+    for name in ("peer0", "peer1"):
+        res = results[name]
+        assert isinstance(res, Ok) and "peer2" in res.left_out
+        assert elapsed[name] < 2 * GRACE_S + 0.2
+    late = results["peer2"]
+    # peer2's own part had every contribution waiting for it; the others' parts left it out
+    assert isinstance(late, Ok) and late.own_parts == 2
+    a, b = part_bounds(10, 3)[2]
+    np.testing.assert_allclose(late.tensors[0].numpy()[a:b], 1.0)
+    np.testing.assert_allclose(late.tensors[0].numpy()[:a], float(flats[2][0]))
+
+
+@pytest.mark.parametrize("bad", ["nan", "weight"])
+def test_invalid_contribution_is_dropped(bad: str) -> None:
+    async def run() -> Any:
+        members = ["a", "b"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+        payload = np.full(5, np.nan if bad == "nan" else 1.0, np.float32).tobytes()
+        w = 1e12 if bad == "weight" else 1.0
+        net["a"].mailbox.put("run/outer/0/0/abc|c|0|b", Message("b", {"key": "x", "w": w}, payload))
+        spec = GroupSpec(**{**_spec(members, "a", 2).__dict__, "max_weight": 100.0})
+        return await butterfly_average(
+            net["a"],  # type: ignore[arg-type]
+            spec,
+            torch.zeros(10),
+            1.0,
+            time.monotonic() + 1.0,
+        )
+
+    res = asyncio.run(run())
+    # b's contribution never reaches a's part; b itself never answers: nothing merged
+    assert isinstance(res, Failed)
+
+
+class _Died(Exception):
+    pass
+
+
+def test_member_dying_after_contributing_costs_grace_plus_result_wait() -> None:
+    async def run() -> tuple[list[Any], list[float]]:
+        members = ["a", "b", "c"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+
+        def die() -> None:
+            raise _Died  # like the self-kill fault point: phase 1 delivered, then nothing
+
+        async def one(name: str, hook: Any) -> tuple[Any, float]:
+            t0 = time.monotonic()
+            res = await butterfly_average(
+                net[name],  # type: ignore[arg-type]
+                _spec(members, name, 2),
+                torch.full((9,), float(members.index(name))),
+                1.0,
+                time.monotonic() + 30,
+                contributed=hook,
+            )
+            return res, time.monotonic() - t0
+
+        out = await asyncio.gather(one("a", None), one("b", None), one("c", die), return_exceptions=True)
+        assert isinstance(out[2], _Died)
+        return [o[0] for o in out[:2]], [o[1] for o in out[:2]]  # type: ignore[index]
+
+    results, elapsed = asyncio.run(run())
+    for res, took in zip(results, elapsed, strict=True):
+        # c's contribution is merged into a's and b's parts; c's own part never comes back
+        assert isinstance(res, Ok) and res.own_parts == 1 and "c" in res.left_out
+        assert took < GRACE_S + 1.0 + 0.4, took  # grace + result_wait (1 s), not the 30 s deadline
+        np.testing.assert_allclose(res.tensors[0].numpy()[:6], 1.0)  # mean of 0, 1, 2

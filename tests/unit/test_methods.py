@@ -106,7 +106,7 @@ def test_factored_mixes_anchors_and_pseudo_gradients() -> None:
     mixed_phi = outer.weighted_mean(anchors, [1.0, 1.0])
     mixed_delta = outer.weighted_mean([outer.pseudo_grad(anchors[i], fast[i]) for i in range(2)], [1.0, 1.0])
     expect, _ = outer.nesterov_outer_step(
-        mixed_phi, [torch.zeros_like(a) for a in mixed_phi], mixed_delta, 0.7, 0.9
+        mixed_phi, [torch.zeros_like(a) for a in mixed_phi], mixed_delta, cfg.outer_lr, cfg.outer_momentum
     )
     for s in states:
         for a, e in zip(s.anchor, expect, strict=True):

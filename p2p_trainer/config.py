@@ -135,6 +135,12 @@ class OuterConfig:
     """Upper bound on a blocking exchange; a timed-out exchange is a Failed value."""
     mix1_grace_s: float = 5.0
     """Extra wait for Mix1 at round end before falling back to the own anchor (§3, §4)."""
+    target_tokens_per_round: int = 0
+    """T (§6, constant work per round): tokens the whole swarm processes per outer round. Each live
+    peer takes an equal share and tops up with extra micro-batches (gradient accumulation) when peers
+    vanish, so every update sees the same amount of data as in a failure-free run. 0 disables it:
+    each peer then does num_inner_steps × inner.grad_accum micro-batches whatever the swarm's size.
+    Set it to peers × num_inner_steps × grad_accum × batch_size × seq_len for the planned swarm."""
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, f"outer.method={self.method!r}: choose one of {', '.join(METHODS)}")
@@ -150,6 +156,10 @@ class OuterConfig:
         _require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
         _require(self.exchange_timeout_s > 0, "outer.exchange_timeout_s must be positive")
         _require(self.mix1_grace_s >= 0, "outer.mix1_grace_s must be >= 0")
+        _require(
+            self.target_tokens_per_round >= 0,
+            f"outer.target_tokens_per_round={self.target_tokens_per_round}: use >= 0 (0 disables)",
+        )
 
     @property
     def effective_gamma(self) -> float:
@@ -175,14 +185,21 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _require(self.rounds >= 1, f"rounds={self.rounds}: use at least 1")
+        micro = self.data.batch_size * self.model.seq_len
+        target = self.outer.target_tokens_per_round
+        _require(
+            target == 0 or target >= self.outer.num_inner_steps * micro,
+            f"outer.target_tokens_per_round={target} is less than one micro-batch per inner step "
+            f"({self.outer.num_inner_steps} × {micro} tokens); raise it or set 0",
+        )
 
     @property
     def total_inner_steps(self) -> int:
         return self.rounds * self.outer.num_inner_steps
 
     def run_definition(self) -> dict[str, Any]:
-        """What every peer of one swarm must agree on (model shape, method, data, seed)."""
-        return {
+        """What every peer of one swarm must agree on (model shape, method, data, seed, work target)."""
+        definition = {
             "model": dataclasses.asdict(self.model),
             "method": self.outer.method,
             "num_inner_steps": self.outer.num_inner_steps,
@@ -190,6 +207,9 @@ class RunConfig:
             "val_fraction": self.data.val_fraction,
             "seed": self.seed,
         }
+        if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
+            definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
+        return definition
 
     def run_id(self) -> str:
         blob = json.dumps(self.run_definition(), sort_keys=True).encode()

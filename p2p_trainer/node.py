@@ -89,13 +89,16 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         n_floats = build_model(cfg.model, cfg.seed).num_params()
         transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024)
         view = SwarmView(node, run_id)
-        tokens_per_round = (
-            cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len
+        tokens_per_round = max(
+            cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len,
+            cfg.outer.target_tokens_per_round,  # §6: a lone survivor may do the whole swarm's share
         )
         exchange = NetworkExchange(
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )
-        peer = Peer(cfg, exchange, corpus, peer_key=node.peer_id, device=opts.device)
+        peer = Peer(
+            cfg, exchange, corpus, peer_key=node.peer_id, device=opts.device, live_peers=view.live_peers
+        )
         server = StateServer(transport, run_id)
         ckpt = opts.run_dir / "checkpoint.safetensors"
         started = time.monotonic()

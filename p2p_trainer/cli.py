@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 import click
 import torch
 
-from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config
+from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config, to_toml
 from p2p_trainer.data import DataError
 from p2p_trainer.logs import setup_logging
 from p2p_trainer.net.bootstrap_command import bootstrap
@@ -231,25 +230,6 @@ def local(
     click.echo(
         f"run directory: {out} (summary.json, val_loss.png, peer*/metrics.jsonl, peer*/checkpoint.safetensors)"
     )
-
-
-def to_toml(cfg: RunConfig) -> str:
-    """The config as TOML (flat tables), so every peer process loads exactly this run."""
-    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
-    for name in ("model", "data", "inner", "outer"):
-        lines.append(f"\n[{name}]")
-        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, str):
-                lines.append(f"{key} = {json.dumps(value)}")
-            elif isinstance(value, tuple | list):
-                lines.append(f"{key} = [{', '.join(repr(v) for v in value)}]")
-            else:
-                lines.append(f"{key} = {value!r}")
-    return "\n".join(lines) + "\n"
 
 
 @main.command()

@@ -266,3 +266,22 @@ def load_config(path: str | Path) -> RunConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     return config_from_dict(raw, where=str(path))
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The config as TOML (flat tables), so every peer process loads exactly this run."""
+    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
+    for name in ("model", "data", "inner", "outer"):
+        lines.append(f"\n[{name}]")
+        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")
+            elif isinstance(value, tuple | list):
+                lines.append(f"{key} = [{', '.join(repr(v) for v in value)}]")
+            else:
+                lines.append(f"{key} = {value!r}")
+    return "\n".join(lines) + "\n"

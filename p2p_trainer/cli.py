@@ -233,6 +233,51 @@ def local(
 
 
 @main.command()
+@click.argument("scenario_path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output directory (default: runs/chaos-<name>-<time>).",
+)
+def chaos(scenario_path: str, out: str | None) -> None:
+    """Run a fault scenario (timed kills, stalls, restarts, link faults) on a local swarm; report it."""
+    import time
+
+    from rich.console import Console
+
+    from p2p_trainer.chaos.report import render_table
+    from p2p_trainer.chaos.runner import run_scenario
+    from p2p_trainer.chaos.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(scenario_path)
+    except ScenarioError as exc:
+        raise click.ClickException(str(exc)) from None
+    out_dir = Path(out or f"runs/chaos-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    try:
+        report = run_scenario(scenario, out_dir, stop)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    console = Console()
+    for ev in report["events"]:
+        phase = "" if ev["phase_seen"] else " (phase not seen)"
+        console.print(f"  {ev['at_s']:7.1f} s  {ev['event']}{phase}  {ev['detail']}")
+    for ev in report["skipped_events"]:
+        console.print(f"  skipped: {ev}")
+    console.print(render_table(report))
+    tpr = report["tokens_per_round"]
+    if tpr.get("counted_rounds"):
+        console.print(
+            f"tokens per round vs target {tpr['target']}: mean |dev| {100 * tpr['mean_abs_deviation']:.1f}%, "
+            f"max {100 * tpr['max_abs_deviation']:.1f}%, {tpr['within_5pct']}/{tpr['counted_rounds']} within 5%"
+        )
+    console.print(f"report: {out_dir / 'report.json'}")
+
+
+@main.command()
 @config_option
 @method_option
 @rounds_option

@@ -16,14 +16,13 @@ from pathlib import Path
 from p2p_trainer.checkpoint import load_checkpoint, save_checkpoint
 from p2p_trainer.config import RunConfig
 from p2p_trainer.data import load_corpus
-from p2p_trainer.exchange import Failed
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.metrics import MetricsWriter, round_record
 from p2p_trainer.model import build_model
 from p2p_trainer.net.dht import DHTConfig
 from p2p_trainer.net.exchange import NetworkExchange
 from p2p_trainer.net.join import join_swarm
-from p2p_trainer.net.state_sync import StateServer, download_state
+from p2p_trainer.net.state_sync import StateServer, donor_order, download_state, first_download
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.trainer import Peer, adopt_state
@@ -52,26 +51,26 @@ class JoinOptions:
 def _late_join(
     peer: Peer, view: SwarmView, transport: Transport, run_id: str, patience_s: float = 30.0
 ) -> bool:
-    """Download (φ, m, round) from the most advanced live peer; try the next one if a donor fails.
+    """Download (φ, m, round) from a live peer at the swarm's latest round; the next one if it fails.
 
-    Retried for `patience_s`, since a new node's p2p routing needs a few seconds to reach the others.
+    Joiners spread over the freshest donors (`donor_order`); a donor that dies or stalls mid-transfer
+    fails within the stall timeout and the next donor is tried. Retried for `patience_s`, since a new
+    node's p2p routing needs a few seconds to reach the others.
     """
     deadline = time.monotonic() + patience_s
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
-        donors = sorted(
-            (h for h in beats if h.peer_id != transport.peer_id and h.round > 0), key=lambda h: -h.round
-        )
+        donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats])
         if not donors:
             return False
-        for donor in donors:
-            got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=120)
-            if isinstance(got, Failed):
-                logger.warning("state download: %s; trying the next donor", got.reason.splitlines()[0])
-                continue
-            adopt_state(peer, got)
-            logger.info("late join: adopted round %d from %s", got.round, donor.peer_id[-8:])
+        got = first_download(
+            donors, lambda d: download_state(transport, d, run_id, peer.state.anchor, timeout_s=120)
+        )
+        if not isinstance(got, list):
+            state, donor = got
+            adopt_state(peer, state)
+            logger.info("late join: adopted round %d from %s", state.round, donor[-8:])
             return True
         if time.monotonic() > deadline:
             raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")

@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 DOWNLOAD_MARK = "swarm on arrival"
 """The line a (re)starting peer logs right before it downloads the swarm's state (node.py)."""
+SERVING_MARK = "serving round-"
+"""The line a donor logs right before it sends its state (net/state_sync.py)."""
 
 
 @dataclass
@@ -129,14 +131,17 @@ class Injector:
         """Block until peer `event.peer` is (approximately) in `event.phase`; False if it never was.
 
         inner, mix1, blocking: wait for the peer's next round record (a round just started), then
-        sleep into the phase using its last round's compute and blocked seconds. download: wait for
-        the download line in the peer's log after its last restart.
+        sleep into the phase using its last round's compute and blocked seconds. download, serving:
+        wait for the peer's log line (after its last restart, or after now).
         """
         assert event.peer is not None
         if event.phase == "any":
             return True, ""
         if event.phase == "download":
-            return self._wait_download(event.peer)
+            return self._wait_log(event.peer, DOWNLOAD_MARK, self.restart_offsets.get(event.peer, 0))
+        if event.phase == "serving":
+            log = self.run_dir / f"peer{event.peer}" / "log.txt"
+            return self._wait_log(event.peer, SERVING_MARK, log.stat().st_size if log.exists() else 0)
         i = event.peer
         deadline = time.monotonic() + self.phase_timeout_s
         seen = len(_round_records(self.run_dir, i))
@@ -154,15 +159,15 @@ class Injector:
             time.sleep(0.02)
         return False, "no new round within the phase timeout"
 
-    def _wait_download(self, i: int) -> tuple[bool, str]:
+    def _wait_log(self, i: int, mark: str, start: int) -> tuple[bool, str]:
+        """Wait for `mark` in peer i's log past byte `start`."""
         log = self.run_dir / f"peer{i}" / "log.txt"
-        start = self.restart_offsets.get(i, 0)
         deadline = time.monotonic() + self.phase_timeout_s
         while time.monotonic() < deadline and self.peers[i].alive():
             if log.exists():
                 with open(log, "rb") as f:
                     f.seek(start)
-                    if DOWNLOAD_MARK.encode() in f.read():
-                        return True, "download started"
-            time.sleep(0.02)
-        return False, "no download seen"
+                    if mark.encode() in f.read():
+                        return True, f"saw {mark!r}"
+            time.sleep(0.01)
+        return False, f"no {mark!r} in the log"

@@ -36,11 +36,13 @@ stall / resume: SIGSTOP / SIGCONT the peer's processes. restart: start a killed 
 the same identity key and run directory. kill_bootstrap: SIGKILL the bootstrap node.
 throttle: cap the peer's link at `rate_mbit` (both directions); cut / heal: drop / restore it."""
 LINK_ACTIONS = ("throttle", "cut", "heal")
-PHASES = ("any", "inner", "mix1", "blocking", "download")
+PHASES = ("any", "inner", "mix1", "blocking", "download", "serving")
 """When a kill lands. inner: mid-way through the inner steps; mix1: just after a round starts
 (factored's Mix1 is in flight); blocking: in the round's end-of-round exchange; download: while the
-peer downloads the swarm's state after a (re)start. inner/mix1/blocking are timed from the peer's
-last round record (its compute and blocked seconds), download from its log line; all approximate."""
+peer downloads the swarm's state after a (re)start; serving: while the peer sends its state to a
+joiner (a donor dying mid-transfer; needs a throttled link to land inside the transfer).
+inner/mix1/blocking are timed from the peer's last round record (its compute and blocked seconds),
+download and serving from its log lines; all approximate."""
 
 
 class ScenarioError(ValueError):

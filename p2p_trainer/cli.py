@@ -109,6 +109,13 @@ main.add_command(simulate)
 )
 @click.option("--max-minutes", type=float, default=None, help="Stop after this much wall time.")
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
+@click.option(
+    "--checkpoint-every",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Checkpoint every this many rounds (and on exit).",
+)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
 @click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
 def join(
@@ -125,6 +132,7 @@ def join(
     wait_for_peers: int,
     max_minutes: float | None,
     resume: bool,
+    checkpoint_every: int,
     torch_threads: int | None,
     device: str,
 ) -> None:
@@ -154,6 +162,7 @@ def join(
         wait_for_peers=wait_for_peers,
         max_minutes=max_minutes,
         resume=resume,
+        checkpoint_every=checkpoint_every,
         device=device,
     )
     try:

@@ -104,6 +104,8 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})
         if opts.resume and ckpt.exists():
             logger.info("resumed round %d (state %s)", peer.state.round, load_checkpoint(peer, ckpt)[:12])
+            # a swarm restarted from checkpoints starts its next round together (blocking methods)
+            view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
         elif not _late_join(peer, view, transport, run_id):
             live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
             logger.info("starting from the seed's weights with %d live peers", live)

@@ -18,6 +18,29 @@ from typing import IO, Any, Protocol
 
 from p2p_trainer.local import LocalOptions, bootstrap_argv, peer_argv, read_initial_peers, thread_env
 from p2p_trainer.procs import Child
+from p2p_trainer.testbed.processes import descendants
+
+
+def hivemind_socket_files(pids: set[int]) -> set[Path]:
+    """The /tmp/hivemind-*.sock files that `pids` have open (p2pd's and its clients' sockets).
+
+    Nobody removes them when their processes are SIGKILLed, so a kill notes them first.
+    """
+    by_inode: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and "/hivemind-" in fields[7]:
+                by_inode[fields[6]] = fields[7]
+    found: set[Path] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:[") and target[8:-1] in by_inode:
+                        found.add(Path(by_inode[target[8:-1]]))
+    return found
 
 
 class Node(Protocol):
@@ -59,8 +82,12 @@ class LocalNode:
             os.killpg(self.child.pid, sig)
 
     def kill(self) -> None:
+        # nobody removes a SIGKILLed p2pd's socket files: note them first, remove them after
+        sockets = hivemind_socket_files({self.pid} | descendants(self.pid))
         self._group(signal.SIGKILL)
         self.child.stop(timeout_s=10)
+        for path in sockets:
+            path.unlink(missing_ok=True)
 
     def stall(self) -> None:
         self._group(signal.SIGSTOP)

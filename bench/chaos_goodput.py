@@ -66,7 +66,7 @@ class Plan:
     batch_size: int = 8
 
 
-QUICK = Plan(peers=3, rounds=40, num_inner_steps=10, kill_every_s=20.0, d_model=32, seq_len=32, batch_size=4)
+QUICK = Plan(peers=3, rounds=150, num_inner_steps=20, kill_every_s=30.0, d_model=32, seq_len=32, batch_size=4)
 
 
 def run_config(plan: Plan, method: str, constant_work: bool) -> RunConfig:
@@ -239,7 +239,7 @@ def checkpoint_restart_diloco(plan: Plan, out: Path, window_s: float) -> dict[st
 # ----------------------------------------------------------------------------- main
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 tiny peers, a kill every 20 s (~4 min)")
+    parser.add_argument("--quick", action="store_true", help="3 tiny peers, a kill every 30 s (~8 min)")
     parser.add_argument(
         "--out", type=Path, default=Path(f"runs/chaos-goodput-{time.strftime('%Y%m%d-%H%M%S')}")
     )

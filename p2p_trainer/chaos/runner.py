@@ -2,8 +2,9 @@
 
 Event times count from the swarm's first completed round, so start-up time does not eat the
 schedule. Events run one after another; a phase-aware kill waits (bounded) for its phase, which
-delays the events behind it. The run ends `duration_s` after the first round, or when every peer
-has exited (all rounds done), whichever comes first; the peers are then stopped with SIGINT.
+delays the events behind it. The run ends `duration_s` after the first round, or once a peer has
+finished all rounds (the others get 30 s to finish theirs), or when every peer has exited; the
+peers are then stopped with SIGINT. Events not reached by then are reported as skipped.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +36,25 @@ def _first_round_seen(run_dir: Path, peers: int) -> bool:
     )
 
 
-def _wait(until: float, stop: threading.Event, nodes: dict[int, Node]) -> bool:
-    """Sleep until `until` (monotonic); False if stopped or every peer exited first."""
+def _someone_finished(run_dir: Path, peers: int, rounds: int) -> bool:
+    """A peer finished all rounds: the run is over (a peer restarted now would find no donor)."""
+    return any(
+        r.get("kind") == "final" and r["round"] >= rounds
+        for i in range(peers)
+        for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl")
+    )
+
+
+def _wait(until: float, stop: threading.Event, nodes: dict[int, Node], done: Callable[[], bool]) -> bool:
+    """Sleep until `until` (monotonic); False if stopped, every peer exited or the run is done first."""
+    checked = 0.0
     while time.monotonic() < until:
         if stop.is_set() or not any(n.alive() for n in nodes.values()):
             return False
+        if time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            if done():
+                return False
         time.sleep(0.05)
     return True
 
@@ -77,13 +93,18 @@ def run_scenario(
             time.sleep(0.1)
         t0 = time.monotonic()
         injector = Injector(swarm, peers, boot, t0)
+
+        def done() -> bool:
+            return _someone_finished(out_dir, scenario.peers, scenario.run.rounds)
+
         for event in scenario.events:
-            if not _wait(t0 + event.at_s, stop, peers):
+            if not _wait(t0 + event.at_s, stop, peers, done):
                 skipped.append(event.describe())
                 continue
             injector.apply(event)
         end = t0 + scenario.duration_s if scenario.duration_s else float("inf")
-        _wait(end, stop, peers)
+        if _wait(end, stop, peers, done) is False and not stop.is_set():
+            _wait(time.monotonic() + 30.0, stop, peers, lambda: False)  # the others finish their last rounds
     finally:
         for node in peers.values():
             node.stop(timeout_s=30)

@@ -119,7 +119,8 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         started = time.monotonic()
         metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})
         if opts.resume and ckpt.exists():
-            logger.info("resumed round %d (state %s)", peer.state.round, load_checkpoint(peer, ckpt)[:12])
+            state_hash = load_checkpoint(peer, ckpt)
+            logger.info("resumed round %d (state %s)", peer.state.round, state_hash[:12])
             # a swarm restarted from checkpoints starts its next round together (blocking methods)
             view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
         elif not _late_join(

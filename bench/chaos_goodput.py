@@ -247,12 +247,15 @@ def main() -> int:
         "--out", type=Path, default=Path(f"runs/chaos-goodput-{time.strftime('%Y%m%d-%H%M%S')}")
     )
     parser.add_argument("--method", choices=["factored", "noloco"], default="factored")
+    parser.add_argument("--peers", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--kill-every-s", type=float, default=None)
     parser.add_argument("--skip-failure-free", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     plan = dataclasses.replace(QUICK if args.quick else Plan(), method=args.method)
+    if args.peers:
+        plan = dataclasses.replace(plan, peers=args.peers)
     if args.rounds:
         plan = dataclasses.replace(plan, rounds=args.rounds)
     if args.kill_every_s:

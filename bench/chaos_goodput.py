@@ -204,7 +204,8 @@ def checkpoint_restart_diloco(plan: Plan, out: Path, window_s: float) -> dict[st
     atomic_write_text(config_path, to_toml(cfg))
     opts = LocalOptions(config_path=config_path, run=cfg, peers=plan.peers, run_dir=out, torch_threads=1)
     swarm = Swarm(opts)
-    every = ["--checkpoint-every", str(plan.checkpoint_every)]
+    # a checkpoint-restart job starts only with all its workers (however long they take to start)
+    every = ["--checkpoint-every", str(plan.checkpoint_every), "--wait-timeout-s", "900"]
     boot = swarm.start_bootstrap()
     nodes: dict[int, Node] = {}
     restarts: list[dict[str, Any]] = []

@@ -107,6 +107,13 @@ main.add_command(simulate)
     type=click.IntRange(min=1),
     help="Peers (self included) to wait for before the first round of a new swarm.",
 )
+@click.option(
+    "--wait-timeout-s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Longest wait for --wait-for-peers before training anyway.",
+)
 @click.option("--max-minutes", type=float, default=None, help="Stop after this much wall time.")
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
 @click.option(
@@ -130,6 +137,7 @@ def join(
     announce_host: str | None,
     run_dir: str,
     wait_for_peers: int,
+    wait_timeout_s: float,
     max_minutes: float | None,
     resume: bool,
     checkpoint_every: int,
@@ -160,6 +168,7 @@ def join(
         dht=dht,
         run_dir=Path(run_dir),
         wait_for_peers=wait_for_peers,
+        wait_timeout_s=wait_timeout_s,
         max_minutes=max_minutes,
         resume=resume,
         checkpoint_every=checkpoint_every,

@@ -250,6 +250,7 @@ def main() -> int:
     parser.add_argument("--method", choices=["factored", "noloco"], default="factored")
     parser.add_argument("--peers", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--inner-steps", type=int, default=None, help="H: inner steps per outer round")
     parser.add_argument("--kill-every-s", type=float, default=None)
     parser.add_argument("--skip-failure-free", action="store_true")
     args = parser.parse_args()
@@ -259,6 +260,8 @@ def main() -> int:
         plan = dataclasses.replace(plan, peers=args.peers)
     if args.rounds:
         plan = dataclasses.replace(plan, rounds=args.rounds)
+    if args.inner_steps:
+        plan = dataclasses.replace(plan, num_inner_steps=args.inner_steps)
     if args.kill_every_s:
         plan = dataclasses.replace(plan, kill_every_s=args.kill_every_s)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,8 @@ class Injector:
         self.t0, self.phase_timeout_s = t0, phase_timeout_s
         self.run_dir = swarm.opts.run_dir
         self.applied: list[Applied] = []
+        self.removed_sockets: set[Path] = set()
+        """The killed nodes' socket files that the kills removed (nobody else would)."""
         self.restart_offsets: dict[int, int] = {}
         """Log size of each restarted peer at its restart, to find its download mark."""
 
@@ -80,7 +82,9 @@ class Injector:
         seen, detail = self.wait_for_phase(event)
         pid = node.pid
         node.kill()
-        return [pid], seen, detail
+        removed = node.removed_sockets
+        self.removed_sockets |= removed
+        return [pid], seen, f"{detail}; removed {len(removed)} socket files".lstrip("; ")
 
     def _stall(self, event: Event) -> tuple[list[int], bool, str]:
         node = self._peer(event)

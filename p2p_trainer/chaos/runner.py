@@ -128,6 +128,7 @@ def build_report(
         "testbed": scenario.needs_testbed,
         "wall_s": wall_s,
         "events": [a.as_dict() for a in injector.applied] if injector else [],
+        "removed_socket_files": sorted(str(p) for p in injector.removed_sockets) if injector else [],
         "skipped_events": skipped,
         "per_peer": per_peer,
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),

@@ -45,6 +45,7 @@ def hivemind_socket_files(pids: set[int]) -> set[Path]:
 
 class Node(Protocol):
     name: str
+    removed_sockets: set[Path]
 
     @property
     def pid(self) -> int: ...
@@ -69,6 +70,8 @@ class LocalNode:
 
     def __init__(self, child: Child) -> None:
         self.child, self.name = child, child.name
+        self.removed_sockets: set[Path] = set()
+        """Socket files of this node that its kill removed (p2pd's and its clients')."""
 
     @property
     def pid(self) -> int:
@@ -88,6 +91,7 @@ class LocalNode:
         self.child.stop(timeout_s=10)
         for path in sockets:
             path.unlink(missing_ok=True)
+        self.removed_sockets |= sockets
 
     def stall(self) -> None:
         self._group(signal.SIGSTOP)
@@ -135,6 +139,7 @@ class TestbedNode:
 
     def __init__(self, tb: Any, name: str, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
         self.tb, self.name, self.proc, self._log = tb, name, proc, log
+        self.removed_sockets: set[Path] = set()  # the testbed's kill removes p2pd's sockets itself
 
     @property
     def pid(self) -> int:

@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 from p2p_trainer.checkpoint import atomic_write_text
-from p2p_trainer.cli import to_toml
-from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
+from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
 from p2p_trainer.local import LocalOptions, run_local
 from p2p_trainer.local_inprocess import run_inprocess
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 import click
 import torch
 
-from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config
+from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config, to_toml
 from p2p_trainer.data import DataError
 from p2p_trainer.logs import setup_logging
 from p2p_trainer.net.bootstrap_command import bootstrap
@@ -117,8 +116,22 @@ def _kill_point(text: str | None) -> tuple[str, int] | None:
     type=click.IntRange(min=1),
     help="Peers (self included) to wait for before the first round of a new swarm.",
 )
+@click.option(
+    "--wait-timeout-s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Longest wait for --wait-for-peers before training anyway.",
+)
 @click.option("--max-minutes", type=float, default=None, help="Stop after this much wall time.")
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
+@click.option(
+    "--checkpoint-every",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Checkpoint every this many rounds (and on exit).",
+)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
 @click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
 @click.option("--data-key", default=None, help="Seeds this peer's data stream (default: its peer id).")
@@ -143,8 +156,10 @@ def join(
     announce_host: str | None,
     run_dir: str,
     wait_for_peers: int,
+    wait_timeout_s: float,
     max_minutes: float | None,
     resume: bool,
+    checkpoint_every: int,
     torch_threads: int | None,
     device: str,
     data_key: str | None,
@@ -175,8 +190,10 @@ def join(
         dht=dht,
         run_dir=Path(run_dir),
         wait_for_peers=wait_for_peers,
+        wait_timeout_s=wait_timeout_s,
         max_minutes=max_minutes,
         resume=resume,
+        checkpoint_every=checkpoint_every,
         device=device,
         data_key=data_key,
         swarm=swarm,
@@ -258,23 +275,49 @@ def local(
     )
 
 
-def to_toml(cfg: RunConfig) -> str:
-    """The config as TOML (flat tables), so every peer process loads exactly this run."""
-    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
-    for name in ("model", "data", "inner", "outer"):
-        lines.append(f"\n[{name}]")
-        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, str):
-                lines.append(f"{key} = {json.dumps(value)}")
-            elif isinstance(value, tuple | list):
-                lines.append(f"{key} = [{', '.join(repr(v) for v in value)}]")
-            else:
-                lines.append(f"{key} = {value!r}")
-    return "\n".join(lines) + "\n"
+@main.command()
+@click.argument("scenario_path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output directory (default: runs/chaos-<name>-<time>).",
+)
+def chaos(scenario_path: str, out: str | None) -> None:
+    """Run a fault scenario (timed kills, stalls, restarts, link faults) on a local swarm; report it."""
+    import time
+
+    from rich.console import Console
+
+    from p2p_trainer.chaos.report import render_table
+    from p2p_trainer.chaos.runner import run_scenario
+    from p2p_trainer.chaos.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(scenario_path)
+    except ScenarioError as exc:
+        raise click.ClickException(str(exc)) from None
+    out_dir = Path(out or f"runs/chaos-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    try:
+        report = run_scenario(scenario, out_dir, stop)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    console = Console()
+    for ev in report["events"]:
+        phase = "" if ev["phase_seen"] else " (phase not seen)"
+        console.print(f"  {ev['at_s']:7.1f} s  {ev['event']}{phase}  {ev['detail']}")
+    for ev in report["skipped_events"]:
+        console.print(f"  skipped: {ev}")
+    console.print(render_table(report))
+    tpr = report["tokens_per_round"]
+    if tpr.get("counted_rounds"):
+        console.print(
+            f"tokens per round vs target {tpr['target']}: mean |dev| {100 * tpr['mean_abs_deviation']:.1f}%, "
+            f"max {100 * tpr['max_abs_deviation']:.1f}%, {tpr['within_5pct']}/{tpr['counted_rounds']} within 5%"
+        )
+    console.print(f"report: {out_dir / 'report.json'}")
 
 
 @main.command()

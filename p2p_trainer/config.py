@@ -151,6 +151,12 @@ class OuterConfig:
     """Floor of the grace window (ours: covers network jitter when steps are very short)."""
     grace_max_s: float = 5.0
     """Cap of the grace window; a survivor's pause is at most `pause_bound_s`."""
+    target_tokens_per_round: int = 0
+    """T (§6, constant work per round): tokens the whole swarm processes per outer round. Each live
+    peer takes an equal share and tops up with extra micro-batches (gradient accumulation) when peers
+    vanish, so every update sees the same amount of data as in a failure-free run. 0 disables it:
+    each peer then does num_inner_steps × inner.grad_accum micro-batches whatever the swarm's size.
+    Set it to peers × num_inner_steps × grad_accum × batch_size × seq_len for the planned swarm."""
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, f"outer.method={self.method!r}: choose one of {', '.join(METHODS)}")
@@ -176,6 +182,11 @@ class OuterConfig:
         _require(
             0 <= self.grace_min_s <= self.grace_max_s,
             f"outer.grace_min_s={self.grace_min_s} and grace_max_s={self.grace_max_s}: need 0 <= min <= max",
+        )
+
+        _require(
+            self.target_tokens_per_round >= 0,
+            f"outer.target_tokens_per_round={self.target_tokens_per_round}: use >= 0 (0 disables)",
         )
 
     @property
@@ -208,14 +219,21 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _require(self.rounds >= 1, f"rounds={self.rounds}: use at least 1")
+        micro = self.data.batch_size * self.model.seq_len
+        target = self.outer.target_tokens_per_round
+        _require(
+            target == 0 or target >= self.outer.num_inner_steps * micro,
+            f"outer.target_tokens_per_round={target} is less than one micro-batch per inner step "
+            f"({self.outer.num_inner_steps} × {micro} tokens); raise it or set 0",
+        )
 
     @property
     def total_inner_steps(self) -> int:
         return self.rounds * self.outer.num_inner_steps
 
     def run_definition(self) -> dict[str, Any]:
-        """What every peer of one swarm must agree on (model shape, method, data, seed)."""
-        return {
+        """What every peer of one swarm must agree on (model shape, method, data, seed, work target)."""
+        definition = {
             "model": dataclasses.asdict(self.model),
             "method": self.outer.method,
             "num_inner_steps": self.outer.num_inner_steps,
@@ -223,6 +241,9 @@ class RunConfig:
             "val_fraction": self.data.val_fraction,
             "seed": self.seed,
         }
+        if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
+            definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
+        return definition
 
     def run_id(self) -> str:
         blob = json.dumps(self.run_definition(), sort_keys=True).encode()
@@ -279,3 +300,22 @@ def load_config(path: str | Path) -> RunConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     return config_from_dict(raw, where=str(path))
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The config as TOML (flat tables), so every peer process loads exactly this run."""
+    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
+    for name in ("model", "data", "inner", "outer"):
+        lines.append(f"\n[{name}]")
+        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")
+            elif isinstance(value, tuple | list):
+                lines.append(f"{key} = [{', '.join(repr(v) for v in value)}]")
+            else:
+                lines.append(f"{key} = {value!r}")
+    return "\n".join(lines) + "\n"

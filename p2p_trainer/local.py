@@ -45,23 +45,23 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "p2p_trainer"]
 
 
-def start_bootstrap(run_dir: Path, timeout_s: float) -> tuple[Child, str]:
-    boot = Child(
+def bootstrap_argv(run_dir: Path, host: str = "127.0.0.1") -> list[str]:
+    return [
+        *_python(),
         "bootstrap",
-        [
-            *_python(),
-            "bootstrap",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--identity",
-            str(run_dir / "keys" / "bootstrap.key"),
-            "--status-interval-s",
-            "30",
-        ],
-        run_dir / "bootstrap.log",
-    )
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--identity",
+        str(run_dir / "keys" / "bootstrap.key"),
+        "--status-interval-s",
+        "30",
+    ]
+
+
+def read_initial_peers(boot: Child, run_dir: Path, timeout_s: float) -> str:
+    """The `--initial-peers ...` line a starting bootstrap node prints first (stops it if none comes)."""
     stdout = boot.proc.stdout
     assert stdout is not None
     box: list[str] = []
@@ -71,13 +71,18 @@ def start_bootstrap(run_dir: Path, timeout_s: float) -> tuple[Child, str]:
     if not box or not box[0].startswith("--initial-peers"):
         boot.stop(timeout_s=5)
         raise RuntimeError(f"the bootstrap node did not start; see {run_dir / 'bootstrap.log'}")
-    return boot, box[0]
+    return box[0]
 
 
-def start_peer(
-    opts: LocalOptions, i: int, initial_peers: str, threads: int, extra: list[str] | None = None
-) -> Child:
-    peer_dir = opts.run_dir / f"peer{i}"
+def start_bootstrap(run_dir: Path, timeout_s: float) -> tuple[Child, str]:
+    boot = Child("bootstrap", bootstrap_argv(run_dir), run_dir / "bootstrap.log")
+    return boot, read_initial_peers(boot, run_dir, timeout_s)
+
+
+def peer_argv(
+    opts: LocalOptions, i: int, initial_peers: str, threads: int, host: str = "127.0.0.1"
+) -> list[str]:
+    """`p2p-trainer join` for peer i: identity keys/peer{i}.key, run directory peer{i}/."""
     argv = [
         *_python(),
         "join",
@@ -87,9 +92,9 @@ def start_peer(
         "--identity",
         str(opts.run_dir / "keys" / f"peer{i}.key"),
         "--host",
-        "127.0.0.1",
+        host,
         "--run-dir",
-        str(peer_dir),
+        str(opts.run_dir / f"peer{i}"),
         "--wait-for-peers",
         str(opts.peers),
         "--torch-threads",
@@ -99,8 +104,18 @@ def start_peer(
     ]
     if opts.max_minutes:
         argv += ["--max-minutes", str(opts.max_minutes)]
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    return Child(f"peer{i}", argv + (extra or []), peer_dir / "log.txt", env)
+    return argv
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def start_peer(
+    opts: LocalOptions, i: int, initial_peers: str, threads: int, extra: list[str] | None = None
+) -> Child:
+    argv = peer_argv(opts, i, initial_peers, threads) + (extra or [])
+    return Child(f"peer{i}", argv, opts.run_dir / f"peer{i}" / "log.txt", thread_env(threads))
 
 
 def peer_rows(run_dir: Path, peers: int) -> list[dict[str, Any]]:

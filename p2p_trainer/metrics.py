@@ -28,6 +28,7 @@ def round_record(peer_id: str, m: RoundMetrics, started: float) -> dict[str, Any
         "compute_s": m.compute_s,
         "blocked_s": m.blocked_s,
         "wall_s": m.wall_s,
+        **m.extra,
         "bytes_sent": sum(e.bytes_sent for e in ex),
         "bytes_received": sum(e.bytes_received for e in ex),
         "exchanges": [

@@ -18,7 +18,7 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.data import load_corpus
 from p2p_trainer.exchange import Failed
 from p2p_trainer.logs import CONTEXT
-from p2p_trainer.metrics import MetricsWriter, round_record
+from p2p_trainer.metrics import MetricsWriter, read_records, round_record
 from p2p_trainer.model import build_model
 from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig
@@ -26,7 +26,7 @@ from p2p_trainer.net.exchange import NetworkExchange
 from p2p_trainer.net.join import join_swarm
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.self_kill import SelfKill
-from p2p_trainer.net.state_sync import StateServer, download_state
+from p2p_trainer.net.state_sync import StateServer, donor_order, download_state, first_download
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.trainer import Peer, RoundMetrics, adopt_state
@@ -49,6 +49,9 @@ class JoinOptions:
     """Checkpoint every this many rounds (and always at the end and on SIGINT/SIGTERM)."""
     resume: bool = False
     """Continue from run_dir/checkpoint.safetensors if it exists."""
+    rejoin_wait_s: float = 30.0
+    """A peer restarted in a run directory it trained in before looks this long for a live donor of
+    the swarm's state before it falls back to its own checkpoint (or, without one, the seed)."""
     device: str = "cpu"
     data_key: str | None = None
     """Seeds this peer's data stream; None uses the peer id (distinct per identity)."""
@@ -63,30 +66,37 @@ class JoinOptions:
 
 
 def _late_join(
-    peer: Peer, view: SwarmView, transport: Transport, run_id: str, patience_s: float = 30.0
+    peer: Peer,
+    view: SwarmView,
+    transport: Transport,
+    run_id: str,
+    patience_s: float = 30.0,
+    donor_wait_s: float = 0.0,
 ) -> bool:
-    """Download (φ, m, round) from the most advanced live peer; try the next one if a donor fails.
+    """Download (φ, m, round) from a live peer at the swarm's latest round; the next one if it fails.
 
-    Retried for `patience_s`, since a new node's p2p routing needs a few seconds to reach the others.
+    Joiners spread over the freshest donors (`donor_order`); a donor that dies or stalls mid-transfer
+    fails within the stall timeout and the next donor is tried. Retried for `patience_s`, since a new
+    node's p2p routing needs a few seconds to reach the others. With no donor in sight, a new swarm
+    is assumed at once, unless `donor_wait_s` > 0 (a peer rejoining its swarm): it keeps looking.
     """
     deadline = time.monotonic() + patience_s
+    donor_deadline = time.monotonic() + donor_wait_s
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
-        donors = sorted(
-            (h for h in beats if h.peer_id != transport.peer_id and h.round > 0), key=lambda h: -h.round
-        )
-        if not donors:
+        donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats])
+        if not donors and time.monotonic() >= donor_deadline:
             return False
-        for donor in donors:
-            got = download_state(transport, donor.peer_id, run_id, peer.state.anchor, timeout_s=120)
-            if isinstance(got, Failed):
-                logger.warning("state download: %s; trying the next donor", got.reason.splitlines()[0])
-                continue
-            adopt_state(peer, got)
-            logger.info("late join: adopted round %d from %s", got.round, donor.peer_id[-8:])
+        got = first_download(
+            donors, lambda d: download_state(transport, d, run_id, peer.state.anchor, timeout_s=120)
+        )
+        if not isinstance(got, list):
+            state, donor = got
+            adopt_state(peer, state)
+            logger.info("late join: adopted round %d from %s", state.round, donor[-8:])
             return True
-        if time.monotonic() > deadline:
+        if donors and time.monotonic() > deadline:
             raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
         time.sleep(2.0)
 
@@ -178,12 +188,18 @@ class Rejoin:
         return None
 
 
+def _trained_before(metrics_path: Path) -> bool:
+    """This run directory holds rounds of an earlier life of this peer: it is rejoining its swarm."""
+    return any(r.get("kind") == "round" for r in read_records(metrics_path))
+
+
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     cfg, run_id = opts.run, opts.run.run_id()
     # The swarm name scopes the DHT records; the run definition is then checked against the swarm's,
     # so a peer with a different model/method/data/seed is refused instead of forming its own swarm.
     node = join_swarm(opts.dht, run_name=opts.swarm, run_definition=cfg.run_definition(), stop=stop)
     transport = view = None
+    rejoining = _trained_before(opts.run_dir / "metrics.jsonl")
     metrics = MetricsWriter(opts.run_dir / "metrics.jsonl")
     try:
         CONTEXT.peer = node.peer_id
@@ -191,8 +207,9 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         n_floats = build_model(cfg.model, cfg.seed).num_params()
         transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024)
         view = SwarmView(node, opts.swarm)
-        tokens_per_round = (
-            cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len
+        tokens_per_round = max(
+            cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len,
+            cfg.outer.target_tokens_per_round,  # §6: a lone survivor may do the whole swarm's share
         )
         # §5: a weight is the tokens a peer processed since its last merge, at most one round's
         # worth here; 4x leaves room for survivors topping up their share when peers vanish
@@ -200,7 +217,14 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         exchange = NetworkExchange(
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )
-        peer = Peer(cfg, exchange, corpus, peer_key=opts.data_key or node.peer_id, device=opts.device)
+        peer = Peer(
+            cfg,
+            exchange,
+            corpus,
+            peer_key=opts.data_key or node.peer_id,
+            device=opts.device,
+            live_peers=view.live_peers,
+        )
         if opts.kill_self_at is not None:
             exchange.fault_hook = SelfKill(*opts.kill_self_at)
             peer.on_phase.append(exchange.fault_hook)
@@ -209,13 +233,22 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         started = time.monotonic()
         metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})
         if opts.resume and ckpt.exists():
-            resumed_hash = load_checkpoint(peer, ckpt)
-            logger.info("resumed round %d (state %s)", peer.state.round, resumed_hash[:12])
-            metrics.write({"kind": "resume", "round": peer.state.round, "state_hash": resumed_hash})
-        elif not _late_join(peer, view, transport, run_id):
-            live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
-            logger.info("starting from the seed's weights with %d live peers", live)
+            state_hash = load_checkpoint(peer, ckpt)
+            logger.info("resumed round %d (state %s)", peer.state.round, state_hash[:12])
+            metrics.write({"kind": "resume", "round": peer.state.round, "state_hash": state_hash})
+            # a swarm restarted from checkpoints starts its next round together (blocking methods)
+            view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
+        elif not _late_join(
+            peer, view, transport, run_id, donor_wait_s=opts.rejoin_wait_s if rejoining else 0
+        ):
+            if rejoining and ckpt.exists():  # the whole swarm is gone: carry on from our own state
+                load_checkpoint(peer, ckpt)
+                logger.info("no live donor; resumed own round %d from the checkpoint", peer.state.round)
+            else:
+                live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
+                logger.info("starting from the seed's weights with %d live peers", live)
         server.publish(peer.state)
+        view.status.round = peer.state.round  # a resumed or late-joined peer can serve joiners at once
         deadline = started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
         rejoin = Rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds, tokens_per_round)
         while peer.state.round < cfg.rounds and not stop.is_set() and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ from p2p_trainer.data import Corpus, TokenStream, validation_batches
 from p2p_trainer.exchange import Exchange
 from p2p_trainer.methods import OuterState, RoundReport, build_method, grace_tracker
 from p2p_trainer.model import GPT, build_model
+from p2p_trainer.work import WorkQuota
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,15 @@ class RoundMetrics:
 
 class Peer:
     def __init__(
-        self, cfg: RunConfig, exchange: Exchange, corpus: Corpus, peer_key: str, device: str = "cpu"
+        self,
+        cfg: RunConfig,
+        exchange: Exchange,
+        corpus: Corpus,
+        peer_key: str,
+        device: str = "cpu",
+        live_peers: Callable[[], list[str]] | None = None,
     ) -> None:
+        """`live_peers` (ids of the live peers) sizes this peer's share of a constant-work round (§6)."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.model: GPT = build_model(cfg.model, cfg.seed).to(self.device)
         self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
@@ -74,6 +82,7 @@ class Peer:
         self.step = 0
         self.tokens = 0
         self.tokens_since_merge = 0
+        self.work = WorkQuota(cfg, peer_key, live_peers)
         self.on_round: list[Callable[[RoundMetrics], None]] = []
         self.on_phase: list[Callable[[str, int], None]] = []
         """Called with ("inner", round) halfway through the inner steps (fault injection in tests)."""
@@ -83,12 +92,14 @@ class Peer:
         t_round = time.monotonic()
         report = RoundReport(self.state.round)
         self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
+        tokens_before = self.tokens
+        self.work.begin_round()
         losses = []
-        for i in range(self.cfg.outer.num_inner_steps):
-            if i == self.cfg.outer.num_inner_steps // 2:
+        for s in range(self.cfg.outer.num_inner_steps):
+            if s == self.cfg.outer.num_inner_steps // 2:
                 for hook in self.on_phase:
                     hook("inner", self.state.round)
-            losses.append(self.inner_step(report))
+            losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
         compute_s = time.monotonic() - t_round - report.blocked_s
         self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step
         self.tokens_since_merge = 0
@@ -101,6 +112,7 @@ class Peer:
             blocked_s=report.blocked_s,
             wall_s=time.monotonic() - t_round,
             report=report,
+            extra={"round_tokens": self.tokens - tokens_before, "live_peers": self.work.live},
         )
         if (
             self.cfg.inner.eval_every
@@ -111,15 +123,16 @@ class Peer:
             callback(m)
         return m
 
-    def inner_step(self, report: RoundReport) -> torch.Tensor:
-        """One AdamW step over `grad_accum` micro-batches; returns the mean loss (a tensor: no sync)."""
+    def inner_step(self, report: RoundReport, micro_batches: int | None = None) -> torch.Tensor:
+        """One AdamW step over `micro_batches` (default `grad_accum`); returns the mean loss (a tensor)."""
         inner = self.cfg.inner
         t0, blocked0 = time.monotonic(), report.blocked_s
+        accum = micro_batches or inner.grad_accum
         total = torch.zeros((), device=self.device)
-        for _ in range(inner.grad_accum):
+        for _ in range(accum):
             x, y = (t.to(self.device, non_blocking=True) for t in self.stream.next_batch())
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=inner.bf16):
-                loss = self.model(x, y) / inner.grad_accum
+                loss = self.model(x, y) / accum
             loss.backward()
             total += loss.detach()
             self.tokens += x.numel()

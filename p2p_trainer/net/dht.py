@@ -205,6 +205,11 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
     return node
 
 
+def left_by_dead_process(record: records.Liveness) -> bool:
+    """A `live` record written on this host by a process that no longer exists (killed, not stopped)."""
+    return record.hostname == socket.gethostname() and not processes.is_alive(record.pid)
+
+
 async def _visible_maddrs(_dht: hivemind.DHT, node: Any) -> list[Any]:
     return list(await node.get_visible_maddrs())
 
@@ -320,12 +325,17 @@ class NetNode:
             )
         other = records.find_liveness(self, self.peer_id)
         if other is not None and other.state == "live" and other.instance != self._instance:
-            raise IdentityInUseError(
-                f"identity {self.identity.path} (peer id {self.peer_id}) is already live in the swarm "
-                f"(host {other.hostname}, pid {other.pid}); stop that node, or give this node its own "
-                f"--identity path. If that node was killed abruptly, its record expires within "
-                f"{self.config.liveness_ttl_s:.0f} s"
-            )
+            if left_by_dead_process(other):
+                # A node of ours that was killed on this machine: we hold its key's flock, and its
+                # pid is gone, so the record is stale. Take over instead of waiting for its TTL.
+                logger.info("identity was live in pid %d on this host, which is gone; rejoining", other.pid)
+            else:
+                raise IdentityInUseError(
+                    f"identity {self.identity.path} (peer id {self.peer_id}) is already live in the swarm "
+                    f"(host {other.hostname}, pid {other.pid}); stop that node, or give this node its own "
+                    f"--identity path. If that node was killed abruptly, its record expires within "
+                    f"{self.config.liveness_ttl_s:.0f} s"
+                )
         records.publish_liveness(self, self._liveness("live"), self.config.liveness_ttl_s)
         self._keepalive = threading.Thread(target=self._keep_alive, name="liveness", daemon=True)
         self._keepalive.start()

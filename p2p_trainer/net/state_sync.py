@@ -4,6 +4,11 @@ The donor serves the snapshot taken at its last outer step (immutable lists of t
 copy is needed to stay consistent). The joiner checks the header, the sizes against its own model,
 finiteness, and a sha256 of the payload; a failed donor is a value, and the caller tries another.
 Nothing received is unpickled: a msgpack header and raw float32 bytes.
+
+Several joiners arriving at once spread over the donors (`donor_order`: rendezvous hashing among
+the peers at the swarm's latest rounds), and a transfer that stops making progress for
+`stall_timeout_s` (donor killed, stalled or cut off mid-transfer) fails at once, so the joiner moves
+on to the next donor instead of waiting out the whole download timeout.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +64,7 @@ class StateServer:
             await P2P.send_raw_data(encode_header({"key": "state", "error": "no state for this run"}), writer)
             return
         payload = await asyncio.get_running_loop().run_in_executor(None, _payload, snap)
+        logger.info("serving round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
         header = {
             "key": "state",
             "round": snap.round,
@@ -69,29 +76,90 @@ class StateServer:
         logger.info("served round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
 
 
+CHUNK_BYTES = 1 << 20
+
+
+async def _read_payload(reader: asyncio.StreamReader, max_bytes: int, stall_timeout_s: float) -> bytes:
+    """One length-prefixed frame, read in chunks; raises TimeoutError if a chunk stalls."""
+    prefix = await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), stall_timeout_s)
+    size = int.from_bytes(prefix, P2P.BYTEORDER)
+    if size > max_bytes:
+        raise ValueError(f"state of {size} bytes exceeds the expected {max_bytes}")
+    parts, left = [], size
+    while left:
+        part = await asyncio.wait_for(reader.readexactly(min(CHUNK_BYTES, left)), stall_timeout_s)
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
 async def _fetch(
-    transport: Transport, donor: str, run_id: str, nbytes: int
+    transport: Transport, donor: str, run_id: str, nbytes: int, stall_timeout_s: float
 ) -> tuple[dict[str, object], bytes]:
     _, reader, writer = await transport.p2p.call_binary_stream_handler(
         PeerID.from_base58(donor), STATE_PROTOCOL
     )
     try:
         await P2P.send_raw_data(encode_header({"key": "state", "run": run_id}), writer)
-        header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
+        header = decode_header(await asyncio.wait_for(read_frame(reader, MAX_HEADER_BYTES), stall_timeout_s))
         if "error" in header:
             return header, b""
-        return header, await read_frame(reader, nbytes)
+        return header, await _read_payload(reader, nbytes, stall_timeout_s)
     finally:
         writer.close()
 
 
+def donor_order(me: str, donors: Sequence[tuple[str, int]], slack_rounds: int = 1) -> list[str]:
+    """Peer ids to download from, best first: `donors` are (peer id, round) pairs.
+
+    The donors within `slack_rounds` of the latest round come first, in an order hashed on
+    (joiner, donor), so joiners arriving together ask different donors; the older ones follow.
+    """
+    others = [(pid, rnd) for pid, rnd in donors if pid != me and rnd > 0]
+    if not others:
+        return []
+    latest = max(rnd for _, rnd in others)
+
+    def rank(pid: str) -> str:
+        return hashlib.sha256(f"{me}/{pid}".encode()).hexdigest()
+
+    fresh = sorted((pid for pid, rnd in others if rnd >= latest - slack_rounds), key=rank)
+    stale = [pid for pid, _ in sorted(others, key=lambda d: -d[1]) if pid not in fresh]
+    return fresh + stale
+
+
+def first_download(
+    donors: Sequence[str], download: Callable[[str], OuterState | Failed]
+) -> tuple[OuterState, str] | list[str]:
+    """Try `donors` in order; the first verified state and its donor, or every donor's failure."""
+    failures = []
+    for donor in donors:
+        got = download(donor)
+        if isinstance(got, Failed):
+            logger.warning("state download: %s; trying the next donor", got.reason.splitlines()[0])
+            failures.append(got.reason)
+            continue
+        return got, donor
+    return failures
+
+
 def download_state(
-    transport: Transport, donor: str, run_id: str, like: list[torch.Tensor], timeout_s: float
+    transport: Transport,
+    donor: str,
+    run_id: str,
+    like: list[torch.Tensor],
+    timeout_s: float,
+    stall_timeout_s: float = 10.0,
 ) -> OuterState | Failed:
-    """The donor's (φ, m, round), shaped like `like`, or `Failed(reason)`."""
+    """The donor's (φ, m, round), shaped like `like`, or `Failed(reason)`.
+
+    Fails after `timeout_s` in all, or as soon as no bytes arrive for `stall_timeout_s`.
+    """
     numel = sum(t.numel() for t in like)
     try:
-        header, payload = transport.run(_fetch(transport, donor, run_id, 8 * numel), timeout_s)
+        header, payload = transport.run(
+            _fetch(transport, donor, run_id, 8 * numel, stall_timeout_s), timeout_s
+        )
     except Exception as exc:  # any transport error means: try another donor
         return Failed(f"download from {donor[-8:]} failed: {exc!r}")
     if "error" in header:

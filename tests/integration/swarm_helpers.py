@@ -6,8 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from p2p_trainer.cli import to_toml
-from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
+from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
 from p2p_trainer.local import LocalOptions
 from p2p_trainer.metrics import read_records
 

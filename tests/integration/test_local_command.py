@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p_trainer.cli import to_toml
+from p2p_trainer.config import to_toml
 from tests.integration.swarm_helpers import (
     group_gone,
     held_sockets,

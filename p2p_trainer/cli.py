@@ -112,6 +112,13 @@ main.add_command(simulate)
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
 @click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
+@click.option(
+    "--snapshot-every",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Save φ to RUN_DIR/snapshots every this many rounds, for loss curves evaluated after the run.",
+)
 def join(
     config: str | None,
     method: str | None,
@@ -128,6 +135,7 @@ def join(
     resume: bool,
     torch_threads: int | None,
     device: str,
+    snapshot_every: int,
 ) -> None:
     """Join a swarm as a training peer."""
     from p2p_trainer.net.addresses import AddressError
@@ -156,6 +164,7 @@ def join(
         max_minutes=max_minutes,
         resume=resume,
         device=device,
+        snapshot_every=snapshot_every,
     )
     try:
         sys.exit(run_peer(opts, stop))

@@ -26,6 +26,7 @@ from p2p_trainer.net.join import join_swarm
 from p2p_trainer.net.state_sync import StateServer, download_state
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
+from p2p_trainer.snapshots import save_snapshot
 from p2p_trainer.trainer import Peer, adopt_state
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class JoinOptions:
     resume: bool = False
     """Continue from run_dir/checkpoint.safetensors if it exists."""
     device: str = "cpu"
+    snapshot_every: int = 0
+    """Save φ to run_dir/snapshots every this many rounds (0: never), for evaluation after the run."""
 
 
 def _late_join(
@@ -117,6 +120,15 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
                 m.tokens / max(1e-9, m.wall_s),
             )
             metrics.write(round_record(node.peer_id, m, started))
+            if opts.snapshot_every and peer.state.round % opts.snapshot_every == 0:
+                save_snapshot(
+                    opts.run_dir / "snapshots",
+                    peer.state.anchor,
+                    peer.state.round,
+                    peer.step,
+                    peer.tokens,
+                    time.monotonic() - started,
+                )
             if peer.state.round % opts.checkpoint_every == 0:
                 save_checkpoint(peer, ckpt)
         final_hash = save_checkpoint(peer, ckpt)

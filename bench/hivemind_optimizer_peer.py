@@ -90,10 +90,22 @@ def main() -> int:
         verbose=False,
     )
     try:
+        wait_for_peers(opt, args.peers, stop)
         return train(args, cfg, model, opt, stream, val, stop, run_dir, peer_key)
     finally:
         opt.shutdown()
         dht.shutdown()
+
+
+def wait_for_peers(
+    opt: hivemind.Optimizer, peers: int, stop: threading.Event, timeout_s: float = 60.0
+) -> None:
+    """Like `join --wait-for-peers`: a peer that starts alone would otherwise run epochs by itself
+    and hand its state to the late ones, which is a different experiment."""
+    deadline = time.monotonic() + timeout_s
+    while opt.tracker.global_progress.num_peers < peers and time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.5)
+    logger.info("starting with %d peers in the tracker", opt.tracker.global_progress.num_peers)
 
 
 def train(

@@ -152,6 +152,7 @@ def _peer_stats(
         "rounds": len(rounds),
         "steps": steps,
         "utilisation": compute / wall if wall else None,
+        "round_time_s": wall / len(rounds) if rounds else None,
         "step_compute_s": compute / steps if steps else None,
         "theory_bytes": theory,
         "failed_exchanges": sum(1 for e in exchanges if not e["ok"]),
@@ -173,7 +174,7 @@ def run_stats(
             ratios.setdefault(tag, []).extend(v)
         iface = run["iface"][f"peer{i}"]
         stats["tx_bytes"], stats["rx_bytes"] = iface["tx_bytes"], iface["rx_bytes"]
-        stats["tx_payload_bytes"] = iface["tx_bytes"] - HEADER_BYTES_PER_PACKET * iface["tx_packets"]
+        stats["tx_payload_bytes"] = iface["tx_bytes"] - HEADER_BYTES_PER_PACKET * iface.get("tx_packets", 0)
         per_peer.append(stats)
     rounds_done = min(p["rounds"] for p in per_peer)
     tx = statistics.fmean(p["tx_bytes"] for p in per_peer)
@@ -188,6 +189,7 @@ def run_stats(
         "rounds_min": rounds_done,
         "utilisation": median([p["utilisation"] for p in per_peer]),
         "step_compute_s": median([p["step_compute_s"] for p in per_peer]),
+        "round_time_s": median([p["round_time_s"] for p in per_peer]),
         "blocked_p50_s": pctl(blocked, 0.5),
         "blocked_p95_s": pctl(blocked, 0.95),
         "blocked_max_s": max(blocked) if blocked else None,

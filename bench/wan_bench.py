@@ -62,8 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="Small model, short runs, one seed, 5 methods.")
     p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--budget-s", type=float, default=None, help="Wall time per run (default 240, quick 35).")
-    p.add_argument("--inner-steps", type=int, default=None, help="H (default 10, quick 5).")
+    p.add_argument("--budget-s", type=float, default=None, help="Wall time per run (default 270, quick 40).")
+    p.add_argument("--inner-steps", type=int, default=None, help="H (default 10).")
     p.add_argument("--mix2-every", type=int, nargs="+", default=[4], help="K values for factored Mix1+Mix2.")
     p.add_argument("--methods", nargs="+", default=None, help="Subset of variant names.")
     p.add_argument("--peers", type=int, default=4)
@@ -79,8 +79,8 @@ def base_config(quick: bool) -> Any:
     cfg = load_config(REPO / "peers" / "default.toml")
     cfg = dataclasses.replace(cfg, inner=dataclasses.replace(cfg.inner, eval_every=0))
     if quick:  # a model small enough that data-parallel takes enough steps in seconds
-        model = dataclasses.replace(cfg.model, d_model=64, n_layers=2, seq_len=64)
-        cfg = dataclasses.replace(cfg, model=model)
+        model = dataclasses.replace(cfg.model, d_model=48, n_layers=2, seq_len=64)
+        cfg = dataclasses.replace(cfg, model=model, inner=dataclasses.replace(cfg.inner, warmup_steps=5))
     return cfg
 
 
@@ -121,7 +121,14 @@ def summarise(
         rs = [r["stats"] for r in runs if r["variant"] == v]
         if not rs:
             continue
-        keys = ("utilisation", "step_compute_s", "blocked_p50_s", "blocked_p95_s", "blocked_max_s")
+        keys = (
+            "utilisation",
+            "round_time_s",
+            "step_compute_s",
+            "blocked_p50_s",
+            "blocked_p95_s",
+            "blocked_max_s",
+        )
         keys += ("tx_bytes_per_peer", "rx_bytes_per_peer", "theory_bytes_per_peer", "bytes_vs_theory")
         keys += ("tx_bytes_per_peer_per_round", "consensus_distance")
         s: dict[str, Any] = {k: median([r[k] for r in rs]) for k in keys}
@@ -172,8 +179,7 @@ def sim_comparison(
         )  # fmt: skip
         pred = predict(sc)[sim_name]
         s = summary[v]
-        util, rounds = s["utilisation"], s.get("rounds_min") or 0
-        rt = spec.budget_s / rounds if rounds else None
+        util, rt = s["utilisation"], s["round_time_s"]
         ok = all(
             m is not None and abs(m - p) <= 0.15 * p
             for m, p in ((util, pred["utilisation"]), (rt, pred["round_time_s"]))
@@ -271,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "scaling.md").write_text(scaling_markdown(sc))
         print(scaling_markdown(sc))
         return 0
-    h = args.inner_steps or (5 if args.quick else 10)
+    h = args.inner_steps or 10
     args.seeds = args.seeds or ([0] if args.quick else [0, 1])
-    budget = args.budget_s or (35.0 if args.quick else 240.0)
+    budget = args.budget_s or (40.0 if args.quick else 270.0)
     quick_names = ("data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind")
     ks = [2] if args.quick else args.mix2_every
     wanted = args.methods or (quick_names if args.quick else None)

@@ -14,6 +14,11 @@ def _f(x: Any, fmt: str = ".3f") -> str:
 def markdown(results: dict[str, Any]) -> str:
     meta, summary = results["meta"], results["summary"]
     lines = [
+        f"Command: `sudo PYTHONPATH=. python bench/{meta['command']}`  ",
+        f"Date: {meta['date_utc']}; machine: {meta['machine']}; load average at start / end: "
+        f"{', '.join(f'{x:.1f}' for x in meta['load_avg_at_start'])} / "
+        f"{', '.join(f'{x:.1f}' for x in meta.get('load_avg_at_end', ()))}",
+        "",
         f"{meta['peers']} peers, {meta['rate_mbit']:g} Mbit/s links, {meta['cpu_cores']:g}-core caps, "
         f"H = {meta['inner_steps']}, {meta['budget_s']:.0f} s per run, seeds {meta['seeds']}, "
         f"{meta['num_params']} parameters; medians over seeds."

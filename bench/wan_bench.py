@@ -37,9 +37,12 @@ from p2p_trainer.testbed import support_problem
 
 logger = logging.getLogger("wan_bench")
 REPO = Path(__file__).resolve().parent.parent
-TOTAL_STEPS = 100_000
-"""Schedule length: the cosine spans far more steps than any run takes, so after warm-up the inner
-learning rate is the same for every method at every point (runs end on the wall-time budget)."""
+DEFAULT_TOTAL_STEPS = 400
+"""Inner steps each peer is scheduled for (warm-up, then cosine to 0.1×): ALGORITHMS.md's reference
+setting (4 ranks × 400 steps). A peer stops at this many steps or at the wall-time budget, whichever
+comes first, so a method that keeps its CPU busy gets further down the same schedule. (With an
+unending schedule, i.e. a constant learning rate, the DiLoCo family falls behind independent
+training per token in the quick run; the reference comparisons are made with the cosine.)"""
 
 
 def variants(h: int, mix2_every: list[int]) -> list[Variant]:
@@ -64,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--budget-s", type=float, default=None, help="Wall time per run (default 270, quick 40).")
     p.add_argument("--inner-steps", type=int, default=None, help="H (default 10).")
+    p.add_argument(
+        "--total-steps", type=int, default=None, help="Scheduled inner steps per peer (400; quick 600)."
+    )
     p.add_argument("--mix2-every", type=int, nargs="+", default=[4], help="K values for factored Mix1+Mix2.")
     p.add_argument("--methods", nargs="+", default=None, help="Subset of variant names.")
     p.add_argument("--peers", type=int, default=4)
@@ -93,10 +99,12 @@ def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int
         order = vs if n % 2 == 0 else vs[::-1]
         for v in order:
             cfg = variant_config(dataclasses.replace(cfg0, seed=seed), v, h, spec.timeout_s)
-            cfg = dataclasses.replace(cfg, rounds=TOTAL_STEPS // cfg.outer.num_inner_steps)
+            cfg = dataclasses.replace(cfg, rounds=max(1, args.total_steps // cfg.outer.num_inner_steps))
             run_dir = args.out / "runs" / f"{v.name}-s{seed}"
             logger.info("run %s seed %d (%s)", v.name, seed, run_dir)
-            if args.analyse_only:  # a finished run's files, analysed again
+            if args.analyse_only:  # a finished run's files, analysed again; unfinished ones skipped
+                if not (run_dir / "run.json").exists():
+                    continue
                 run = json.loads((run_dir / "run.json").read_text())
             else:
                 run = run_swarm(v, cfg, spec, run_dir)
@@ -196,13 +204,16 @@ def run_scaling(args: argparse.Namespace) -> dict[str, Any]:
     """Bytes per peer per round and blocked time, all-peer rounds (DiLoCo) vs random pairs (NoLoCo)."""
     cfg0 = base_config(args.quick)
     h = args.inner_steps or 10
+    args.total_steps = args.total_steps or 100_000  # bytes and blocking only: run to the budget
     budget = args.budget_s or 90.0
     ev = Evaluator(cfg0)
     rows = []
     for n in (2, 4, 8):
         spec = SwarmSpec(n, args.rate_mbit, min(args.cpu_cores, 1.6 / n), budget)
         for v in (Variant("diloco", "diloco"), Variant("noloco", "noloco")):
-            cfg = dataclasses.replace(variant_config(cfg0, v, h, spec.timeout_s), rounds=TOTAL_STEPS // h)
+            cfg = dataclasses.replace(
+                variant_config(cfg0, v, h, spec.timeout_s), rounds=max(1, args.total_steps // h)
+            )
             run_dir = args.out / "scaling" / f"{v.name}-n{n}"
             run = run_swarm(v, cfg, spec, run_dir)
             st = run_stats(run_dir, run, n, args.rate_mbit, budget, ev.num_params)
@@ -278,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(scaling_markdown(sc))
         return 0
     h = args.inner_steps or 10
+    args.total_steps = args.total_steps or (600 if args.quick else DEFAULT_TOTAL_STEPS)
     args.seeds = args.seeds or ([0] if args.quick else [0, 1])
     budget = args.budget_s or (40.0 if args.quick else 270.0)
     quick_names = ("data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind")
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         args.peers, args.rate_mbit, args.cpu_cores, budget, timeout_s=15.0 if args.quick else 30.0
     )
     done = run_all(args, vs, spec, h)
-    summary, per_seed = summarise(done["runs"], [v.name for v in vs], args.seeds)
+    summary, per_seed = summarise(done["runs"], [v.name for v in vs], args.seeds, budget)
     meta.update(
         {
             "inner_steps": h,

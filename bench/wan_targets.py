@@ -9,12 +9,13 @@ from wan_analysis import loss_at_time, loss_at_tokens, median, time_to_loss
 Curve = list[dict[str, float]]
 
 
-def seed_comparison(curves: dict[str, Curve]) -> dict[str, Any]:
-    """At equal wall time (the shortest run's end) and at equal tokens (the fewest tokens any ran)."""
+def seed_comparison(curves: dict[str, Curve], budget_s: float) -> dict[str, Any]:
+    """At equal wall time (the budget; a run that finished its schedule earlier keeps its final
+    loss) and at equal tokens (the fewest tokens any method processed)."""
     have = {k: c for k, c in curves.items() if c}
     if not have:
         return {}
-    t_eq = min(c[-1]["time_s"] for c in have.values())
+    t_eq = budget_s
     tok_eq = min(c[-1]["tokens"] for c in have.values())
     out: dict[str, Any] = {"equal_time_s": t_eq, "equal_tokens": tok_eq, "methods": {}}
     dl = have.get("diloco")

@@ -3,6 +3,7 @@
 Checks the sanity of what was measured (issue 4 item 4), not the targets: data-parallel has the
 best loss per token, independent training the worst, and every peer's interface counters agree
 with the bytes the exchanges must move within 5%. Skipped, with the reason, without root/netns.
+About 5 minutes on an idle 2-core machine, 7 on a loaded one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(720)
 def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
     skip_unless_supported()
     out = tmp_path / "wan"
@@ -30,7 +31,7 @@ def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=450,
+        timeout=700,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("results.json", "table.md", "loss_vs_time.png", "loss_vs_tokens.png", "utilisation.png"):

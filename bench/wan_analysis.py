@@ -137,11 +137,22 @@ def _peer_stats(
     steps = rounds[-1]["step"] if rounds else 0
     blocked = [r["blocked_s"] for r in rounds]
     ratios: dict[str, list[float]] = {}
-    theory = 0.0
+    theory = theory_failed = 0.0
+    groups: dict[str, list[int]] = {}
+    for r in all_rounds:
+        for e in r["exchanges"]:
+            if e["ok"]:
+                groups.setdefault(e["tag"], []).append(e["group_size"] if e["group_size"] > 0 else peers)
     for r in all_rounds:
         for e in r["exchanges"]:
             g = e["group_size"] if e["group_size"] > 0 else peers  # hivemind: all peers
-            if not e["ok"] or g < 2:
+            if not e["ok"]:
+                # a failed exchange records a group of one, but moved (most of) its bytes first:
+                # charge it the tag's usual group
+                usual = groups.get(e["tag"])
+                theory_failed += pair_bytes(statistics.mode(usual), num_params) if usual else 0.0
+                continue
+            if g < 2:
                 continue
             theory += pair_bytes(g, num_params)
             if r in rounds:
@@ -155,6 +166,7 @@ def _peer_stats(
         "round_time_s": wall / len(rounds) if rounds else None,
         "step_compute_s": compute / steps if steps else None,
         "theory_bytes": theory,
+        "theory_bytes_failed": theory_failed,
         "failed_exchanges": sum(1 for e in exchanges if not e["ok"]),
         "exchanges": len(exchanges),
     }
@@ -179,7 +191,8 @@ def run_stats(
     rounds_done = min(p["rounds"] for p in per_peer)
     tx = statistics.fmean(p["tx_bytes"] for p in per_peer)
     payload = statistics.fmean(p["tx_payload_bytes"] for p in per_peer)
-    theory = statistics.fmean(p["theory_bytes"] for p in per_peer)
+    theory_ok = statistics.fmean(p["theory_bytes"] for p in per_peer)
+    theory = theory_ok + statistics.fmean(p["theory_bytes_failed"] for p in per_peer)
     all_rounds = statistics.fmean(
         sum(1 for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round")
         for i in range(peers)
@@ -187,6 +200,7 @@ def run_stats(
     return {
         "per_peer": per_peer,
         "rounds_min": rounds_done,
+        "rounds_all": all_rounds,
         "utilisation": median([p["utilisation"] for p in per_peer]),
         "step_compute_s": median([p["step_compute_s"] for p in per_peer]),
         "round_time_s": median([p["round_time_s"] for p in per_peer]),
@@ -196,6 +210,7 @@ def run_stats(
         "tx_bytes_per_peer": tx,
         "rx_bytes_per_peer": statistics.fmean(p["rx_bytes"] for p in per_peer),
         "theory_bytes_per_peer": theory,
+        "theory_bytes_per_peer_ok_only": theory_ok,
         "wire_bytes_vs_theory": tx / theory if theory else None,
         "bytes_vs_theory": payload / theory if theory else None,
         "tx_bytes_per_peer_per_round": tx / all_rounds if all_rounds else None,

@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--rate-mbit", type=float, default=10.0)
     p.add_argument("--cpu-cores", type=float, default=0.45)
-    p.add_argument("--max-points", type=int, default=30, help="Snapshots evaluated per run (evenly spaced).")
+    p.add_argument("--max-points", type=int, default=None, help="Snapshots evaluated per run (20; quick 10).")
     p.add_argument("--analyse-only", action="store_true", help="Re-analyse the runs already in --out.")
     p.add_argument("--loaded", action="store_true", help="Label the results as measured on a loaded machine.")
     return p.parse_args(argv)
@@ -96,9 +96,12 @@ def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int
     ev = Evaluator(cfg0)
     runs: list[dict[str, Any]] = []
     partial = args.out / "runs.partial.json"
-    evaluated = {}  # --analyse-only reuses the loss curves evaluated before
-    if args.analyse_only and partial.exists():
-        evaluated = {(r["variant"], r["seed"]): r["curve"] for r in json.loads(partial.read_text())}
+    planned = {(v.name, seed) for v in vs for seed in args.seeds}
+    earlier = json.loads(partial.read_text()) if partial.exists() else []
+    # --analyse-only reuses the loss curves evaluated before; a new run into the same --out (e.g. a
+    # method and seed that were interrupted) keeps the other runs' entries
+    evaluated = {(r["variant"], r["seed"]): r["curve"] for r in earlier} if args.analyse_only else {}
+    kept = [r for r in earlier if (r["variant"], r["seed"]) not in planned]
     for n, seed in enumerate(args.seeds):
         order = vs if n % 2 == 0 else vs[::-1]
         for v in order:
@@ -123,7 +126,7 @@ def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int
                 stats["tx_bytes_per_peer"] / 1e6, stats["bytes_vs_theory"] or float("nan"),
             )  # fmt: skip
             if not args.analyse_only:
-                partial.write_text(json.dumps(runs, indent=1))
+                partial.write_text(json.dumps(kept + runs, indent=1))
     return {"runs": runs, "num_params": ev.num_params}
 
 
@@ -299,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(scaling_markdown(sc))
         return 0
     h = args.inner_steps or 10
+    args.max_points = args.max_points or (10 if args.quick else 20)
     args.total_steps = args.total_steps or (600 if args.quick else DEFAULT_TOTAL_STEPS)
     args.seeds = args.seeds or ([0] if args.quick else [0, 1])
     budget = args.budget_s or (40.0 if args.quick else 270.0)

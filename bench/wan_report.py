@@ -24,16 +24,17 @@ def markdown(results: dict[str, Any]) -> str:
         f"{meta['num_params']} parameters; medians over seeds."
         + (" **Measured while the machine was loaded by other jobs.**" if meta.get("loaded") else ""),
         "",
-        "| method | val loss at equal time | at equal tokens | final | tokens | utilisation "
+        "| method | val loss at equal time | at equal tokens | final | tokens | utilisation | compute s/step "
         "| blocked/round p50 / p95 / max (s) | MB sent/peer | bytes vs theory | exchange / bound (p50) "
         "| consensus dist. | rounds (min) | time to DiLoCo's final (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v, s in summary.items():
         ex = ", ".join(f"{t} {_f(r, '.2f')}" for t, r in s.get("exchange_time_vs_bound", {}).items())
         lines.append(
             f"| {v} | {_f(s.get('loss_at_equal_time'))} | {_f(s.get('loss_at_equal_tokens'))} "
             f"| {_f(s.get('final_loss'))} | {_f(s.get('final_tokens'), '.3g')} | {_f(s.get('utilisation'))} "
+            f"| {_f(s.get('step_compute_s'), '.2f')} "
             f"| {_f(s.get('blocked_p50_s'), '.2f')} / {_f(s.get('blocked_p95_s'), '.2f')} / "
             f"{_f(s.get('blocked_max_s'), '.2f')} | {_f((s.get('tx_bytes_per_peer') or 0) / 1e6, '.1f')} "
             f"| {_f(s.get('bytes_vs_theory'))} | {ex or '-'} | {_f(s.get('consensus_distance'), '.4f')} "

@@ -144,6 +144,13 @@ def _kill_point(text: str | None) -> tuple[str, int] | None:
 @click.option(
     "--kill-self-at", default=None, hidden=True, help="Test tool: PHASE:ROUND to SIGKILL this node at."
 )
+@click.option(
+    "--snapshot-every",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Save φ to RUN_DIR/snapshots every this many rounds, for loss curves evaluated after the run.",
+)
 def join(
     config: str | None,
     method: str | None,
@@ -165,6 +172,7 @@ def join(
     data_key: str | None,
     swarm: str,
     kill_self_at: str | None,
+    snapshot_every: int,
 ) -> None:
     """Join a swarm as a training peer."""
     from p2p_trainer.net.addresses import AddressError
@@ -198,6 +206,7 @@ def join(
         data_key=data_key,
         swarm=swarm,
         kill_self_at=_kill_point(kill_self_at),
+        snapshot_every=snapshot_every,
     )
     try:
         sys.exit(run_peer(opts, stop))

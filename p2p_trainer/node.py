@@ -29,6 +29,7 @@ from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.state_sync import StateServer, donor_order, download_state, first_download
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
+from p2p_trainer.snapshots import save_snapshot
 from p2p_trainer.trainer import Peer, RoundMetrics, adopt_state
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class JoinOptions:
     """A peer that merged with no one for this many rounds and is this many rounds off the swarm's
     (median) round, behind after a stall or ahead after training alone behind a cut link,
     downloads the swarm's state; 0 never does."""
+    snapshot_every: int = 0
+    """Save φ to run_dir/snapshots every this many rounds (0: never), for evaluation after the run."""
 
 
 def _late_join(
@@ -263,6 +266,15 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             if rejoined is not None:
                 metrics.write(rejoined)
                 server.publish(peer.state)
+            if opts.snapshot_every and peer.state.round % opts.snapshot_every == 0:
+                save_snapshot(
+                    opts.run_dir / "snapshots",
+                    peer.state.anchor,
+                    peer.state.round,
+                    peer.step,
+                    peer.tokens,
+                    time.monotonic() - started,
+                )
             if peer.state.round % opts.checkpoint_every == 0:
                 save_checkpoint(peer, ckpt)
         final_hash = save_checkpoint(peer, ckpt)

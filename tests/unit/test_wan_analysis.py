@@ -1,0 +1,58 @@
+"""The WAN bench's pure pieces: curve look-ups, consensus distance, comparisons and sanity."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from wan_analysis import consensus_distance, loss_at_time, loss_at_tokens, pair_bytes, time_to_loss
+from wan_targets import sanity, seed_comparison
+
+
+def _curve(points: list[tuple[float, float, float]]) -> list[dict[str, float]]:
+    return [{"time_s": t, "tokens": n, "val_loss": v} for t, n, v in points]
+
+
+def test_curve_lookups() -> None:
+    c = _curve([(10, 100, 4.0), (20, 200, 3.0), (30, 300, 2.5)])
+    assert loss_at_time(c, 25) == 3.0 and loss_at_time(c, 5) is None
+    assert loss_at_tokens(c, 150) == pytest.approx(3.5)
+    assert loss_at_tokens(c, 300) == 2.5 and loss_at_tokens(c, 301) is None
+    assert time_to_loss(c, 3.0) == 20 and time_to_loss(c, 1.0) is None
+
+
+def test_butterfly_bytes_per_member() -> None:
+    assert pair_bytes(2, 1000) == 4000  # half out in each phase: the whole model once
+    assert pair_bytes(4, 1000) == 6000  # 2 (g-1)/g of it
+    assert pair_bytes(1, 1000) == 0
+
+
+def test_consensus_distance_is_relative_spread_around_the_mean() -> None:
+    same = [[torch.ones(3), torch.ones(2)]] * 3
+    assert consensus_distance(same) == pytest.approx(0.0)
+    # mean (1, 2); each anchor is 1 away from it; ‖mean‖ = √5
+    pair = [[torch.tensor([0.0, 2.0])], [torch.tensor([2.0, 2.0])]]
+    assert consensus_distance(pair) == pytest.approx(1 / 5**0.5)
+    assert consensus_distance([same[0]]) is None
+
+
+def test_seed_comparison_and_sanity() -> None:
+    curves = {
+        "data-parallel": _curve([(50, 100, 3.0), (100, 200, 2.0)]),
+        "diloco": _curve([(50, 200, 3.0), (100, 400, 2.4)]),
+        "independent": _curve([(50, 400, 3.0), (90, 800, 2.6)]),
+    }
+    cmp = seed_comparison(curves, budget_s=100)
+    assert cmp["equal_tokens"] == 200 and cmp["equal_tokens_2"] == 400
+    assert cmp["methods"]["independent"]["loss_at_equal_time"] == 2.6  # finished early: final loss kept
+    assert cmp["methods"]["diloco"]["loss_at_equal_tokens"] == 3.0
+    assert cmp["diloco_final_loss"] == 2.4 and cmp["methods"]["independent"]["time_to_diloco_final_s"] is None
+    summary = {v: {"bytes_vs_theory": 1.02} for v in curves}
+    summary["independent"]["bytes_vs_theory"] = None
+    s = sanity(summary, [cmp])
+    assert s["data_parallel_best_per_token"] and s["independent_worst_per_token"] and s["bytes_within_5pct"]

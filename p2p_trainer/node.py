@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from p2p_trainer.model import build_model
 from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig
 from p2p_trainer.net.exchange import NetworkExchange
+from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.join import join_swarm
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.self_kill import SelfKill
@@ -191,6 +193,25 @@ class Rejoin:
         return None
 
 
+def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
+    """Live peers that do work (§6), for sizing this peer's share of a constant-work round.
+
+    Left out: peers a failed send marked suspect (dead until their heartbeat expires), and peers
+    still joining: reporting round 0 while this one has trained for longer than a few heartbeat
+    periods (before that, round 0 is just the heartbeats' lag at the start of a swarm).
+    """
+    started = time.monotonic()
+
+    def live() -> list[str]:
+        settled = view.status.round > 0 and time.monotonic() - started > 3 * period_s
+        suspects = health.suspects()
+        return [
+            h.peer_id for h in view.heartbeats() if h.peer_id not in suspects and (h.round > 0 or not settled)
+        ]
+
+    return live
+
+
 def _trained_before(metrics_path: Path) -> bool:
     """This run directory holds rounds of an earlier life of this peer: it is rejoining its swarm."""
     return any(r.get("kind") == "round" for r in read_records(metrics_path))
@@ -226,7 +247,8 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             corpus,
             peer_key=opts.data_key or node.peer_id,
             device=opts.device,
-            live_peers=view.live_peers,
+            live_peers=_training_peers(view, exchange.health, view.period_s),
+            self_id=node.peer_id,
         )
         if opts.kill_self_at is not None:
             exchange.fault_hook = SelfKill(*opts.kill_self_at)

@@ -57,6 +57,7 @@ class Peer:
         peer_key: str,
         device: str = "cpu",
         live_peers: Callable[[], list[str]] | None = None,
+        self_id: str | None = None,
     ) -> None:
         """`live_peers` (ids of the live peers) sizes this peer's share of a constant-work round (§6)."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
@@ -82,7 +83,8 @@ class Peer:
         self.step = 0
         self.tokens = 0
         self.tokens_since_merge = 0
-        self.work = WorkQuota(cfg, peer_key, live_peers)
+        # the work split is among swarm ids (peer ids), which the data key need not be
+        self.work = WorkQuota(cfg, self_id or peer_key, live_peers)
         self.on_round: list[Callable[[RoundMetrics], None]] = []
         self.on_phase: list[Callable[[str, int], None]] = []
         """Called with ("inner", round) halfway through the inner steps (fault injection in tests)."""

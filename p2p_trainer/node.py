@@ -187,6 +187,15 @@ class Rejoin:
             if isinstance(got, Failed):
                 logger.warning("rejoin download: %s", got.reason.splitlines()[0])
                 continue
+            if (got.round - left) * (target - left) <= 0:
+                # heartbeats over-estimated the donor: its state is not in the direction we meant to go
+                logger.info(
+                    "rejoin: donor %s is at round %d, not towards %d; kept own state",
+                    donor[-8:],
+                    got.round,
+                    target,
+                )
+                continue
             adopt_state(peer, got)
             logger.info("rejoined the swarm: round %d -> %d from %s", left, got.round, donor[-8:])
             return left

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from wan_analysis import Evaluator, loss_curve, median, run_stats
+from wan_calibration import calibrate, sim_comparison
 from wan_report import markdown, plots
 from wan_runs import SwarmSpec, Variant, run_swarm, variant_config
 from wan_targets import sanity, seed_comparison, targets
@@ -78,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-points", type=int, default=None, help="Snapshots evaluated per run (20; quick 10).")
     p.add_argument("--analyse-only", action="store_true", help="Re-analyse the runs already in --out.")
     p.add_argument("--loaded", action="store_true", help="Label the results as measured on a loaded machine.")
+    p.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="Skip the 2-peer runs that measure the simulator's testbed terms (issue 6 comparison).",
+    )
     return p.parse_args(argv)
 
 
@@ -168,47 +174,6 @@ def summarise(
             s[k] = median([c.get("methods", {}).get(v, {}).get(k) for c in per_seed])
         summary[v] = s
     return summary, per_seed
-
-
-def sim_comparison(
-    summary: dict[str, Any], spec: SwarmSpec, h: int, num_params: int, ks: list[int]
-) -> dict[str, Any]:
-    """Issue 6: the simulator's predicted utilisation and round time vs what the testbed measured."""
-    from p2p_trainer.sim.run import predict
-    from p2p_trainer.sim.scenario import Scenario
-
-    step_s = (summary.get("independent") or {}).get("step_compute_s")
-    if not step_s:
-        return {}
-    mapping = {
-        "data-parallel": ("sync_dp", 0),
-        "diloco": ("diloco", 0),
-        "noloco": ("noloco", 0),
-        "factored-mix1": ("gossip", 0),
-    }
-    mapping.update({f"factored-mix2-k{k}": ("gossip", k) for k in ks})
-    out = {}
-    for v, (sim_name, k) in mapping.items():
-        if v not in summary:
-            continue
-        sc = Scenario(
-            num_chips=spec.peers, num_peers=spec.peers, chips_per_slice=1, mtbi_chip_s=1e12,
-            step_s=step_s, num_inner_steps=1 if v == "data-parallel" else h, model_params=float(num_params),
-            bandwidth_gbps=spec.rate_mbit / 1000, latency_ms=0.05, exchange_overhead_s=0.0,
-            group_size=2, mix2_every_rounds=k, mix2_group_size=0, horizon_s=spec.budget_s, methods=(sim_name,),
-        )  # fmt: skip
-        pred = predict(sc)[sim_name]
-        s = summary[v]
-        util, rt = s["utilisation"], s["round_time_s"]
-        ok = all(
-            m is not None and abs(m - p) <= 0.15 * p
-            for m, p in ((util, pred["utilisation"]), (rt, pred["round_time_s"]))
-        )
-        out[v] = {
-            "utilisation": util, "predicted_utilisation": pred["utilisation"],
-            "round_time_s": rt, "predicted_round_time_s": pred["round_time_s"], "within_15pct": ok,
-        }  # fmt: skip
-    return out
 
 
 # ------------------------------------------------------------------------------------------- scaling
@@ -328,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"meta": meta, "summary": summary, "per_seed": per_seed, "runs": done["runs"]}
     results["targets"] = targets(summary, per_seed)
     results["sanity"] = sanity(summary, per_seed)
-    results["sim"] = sim_comparison(summary, spec, h, done["num_params"], ks)
+    if not (args.quick or args.no_calibration) and "independent" in summary:
+        terms = calibrate(base_config(args.quick), spec, h, args.out, done["num_params"])
+        results["sim"] = sim_comparison(summary, spec, h, done["num_params"], ks, terms)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown(results)
     (args.out / "table.md").write_text(table)

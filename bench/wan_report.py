@@ -45,12 +45,20 @@ def markdown(results: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "-"}[t["met"]]
         lines.append(f"| {t['target']} | {_f(t['value'])} | {_f(t['bound'], 'g')} | {met} |")
     if results.get("sim"):
+        t = results["sim"]["_terms"]
         lines += [
+            "",
+            f"Simulator terms (measured outside the compared runs): step {t['step_s']:.3f} s and round "
+            f"overhead {t['round_overhead_s']:.2f} s (4-peer independent), link efficiency "
+            f"{t['link_efficiency']:.3f} (2-peer DiLoCo), background-exchange CPU "
+            f"{t['overlap_cpu_s_per_mb']:.3f} s/MB (2-peer Mix1 vs independent).",
             "",
             "| method | utilisation measured / predicted | round time (s) measured / predicted | within 15% |",
         ]
         lines.append("|---|---|---|---|")
         for v, c in results["sim"].items():
+            if v.startswith("_"):
+                continue
             ok = "yes" if c["within_15pct"] else "**no**"
             lines.append(
                 f"| {v} | {_f(c['utilisation'])} / {_f(c['predicted_utilisation'])} "

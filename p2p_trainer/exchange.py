@@ -36,6 +36,9 @@ class Ok:
     own_parts: int = 0
     """Parts of the vector where this peer kept its own values (their result did not come back,
     or did not include this peer); 0 means every part is the exact weighted mean of its group."""
+    late_parts: int = 0
+    """Parts whose owner averaged without this peer's values (they came after it had moved on):
+    evidence that this peer, not its partners, is behind the group."""
     quorum_s: float = 0.0
     """Time from the start of the exchange to its quorum (for the grace window's EMA, §4)."""
     sync_s: float = 0.0

@@ -49,6 +49,7 @@ class ExchangeRecord:
     reason: str = ""
     left_out: tuple[str, ...] = ()
     own_parts: int = 0
+    late_parts: int = 0
 
     @property
     def merged(self) -> bool:
@@ -78,6 +79,7 @@ class RoundReport:
                 res.bytes_received,
                 left_out=res.left_out,
                 own_parts=res.own_parts,
+                late_parts=res.late_parts,
             )
             if res.left_out:
                 logger.info("round %d: %s left out %s", self.round, tag, ", ".join(res.left_out))

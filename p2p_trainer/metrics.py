@@ -41,6 +41,7 @@ def round_record(peer_id: str, m: RoundMetrics, started: float) -> dict[str, Any
                 "reason": e.reason,
                 "left_out": list(e.left_out),
                 "own_parts": e.own_parts,
+                "late_parts": e.late_parts,
             }
             for e in ex
         ],

@@ -28,7 +28,13 @@ from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.join import join_swarm
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.self_kill import SelfKill
-from p2p_trainer.net.state_sync import StateServer, donor_order, download_state, first_download
+from p2p_trainer.net.state_sync import (
+    StateServer,
+    catch_up_steps,
+    donor_order,
+    download_state,
+    first_download,
+)
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.snapshots import save_snapshot
@@ -98,8 +104,9 @@ def _late_join(
         )
         if not isinstance(got, list):
             state, donor = got
-            adopt_state(peer, state)
-            logger.info("late join: adopted round %d from %s", state.round, donor[-8:])
+            skip = catch_up_steps(state, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
+            adopt_state(peer, state, skip)
+            logger.info("late join: adopted round %d from %s, %d steps in", state.round, donor[-8:], skip)
             return True
         if donors and time.monotonic() > deadline:
             raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
@@ -126,15 +133,20 @@ def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> in
 
 
 def alone_rounds(previous: int, m: RoundMetrics) -> int:
-    """Consecutive rounds whose exchanges merged with no one (rounds without exchanges do not count).
+    """Consecutive rounds in which this peer met its groups late or not at all (rounds without
+    exchanges do not count).
 
+    Late: a partial merge whose other parts came back without this peer's values (`late_parts`),
+    i.e. its group had moved on; a peer a part-round behind stays there, since every late round
+    costs it the result waits. A partial merge because a partner died is not this peer's lag.
     Heartbeat rounds lag by up to a heartbeat period (many rounds when rounds are short), so a
-    peer that still meets its groups must never act on them; one that meets no one may.
+    peer that still meets its groups must never act on them; one that keeps missing them may, and
+    `rejoin_target` still requires the heartbeats to put it `lag_rounds` behind.
     """
     if not m.report.exchanges:
         return previous
-    merged = any(e.merged for e in m.report.exchanges)
-    return 0 if merged else previous + 1
+    met = any(e.merged and e.late_parts == 0 for e in m.report.exchanges)
+    return 0 if met else previous + 1
 
 
 def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
@@ -169,7 +181,12 @@ class Rejoin:
         if left is None:
             return None
         self.alone = 0
-        return {"kind": "rejoin", "from_round": left, "to_round": self.peer.state.round}
+        return {
+            "kind": "rejoin",
+            "from_round": left,
+            "to_round": self.peer.state.round,
+            "catch_up_steps": self.peer.skip_steps,
+        }
 
     def _rejoin(self) -> int | None:
         peer, now = self.peer, records.now()
@@ -196,10 +213,38 @@ class Rejoin:
                     target,
                 )
                 continue
-            adopt_state(peer, got)
-            logger.info("rejoined the swarm: round %d -> %d from %s", left, got.round, donor[-8:])
+            skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
+            adopt_state(peer, got, skip)
+            logger.info(
+                "rejoined the swarm: round %d -> %d from %s, %d steps in", left, got.round, donor[-8:], skip
+            )
             return left
         return None
+
+
+class RegainSight:
+    """A peer that lost sight of the swarm waits (once per loss, at most the heartbeat TTL) for its
+    view to come back before training on alone.
+
+    After a stall or a cut link the DHT routing is gone and the view empties; training alone then
+    produces rounds that are discarded when the peer rejoins the majority (`Rejoin`), and short
+    rounds can run the whole remaining schedule before the view refreshes. A last survivor pays
+    one TTL once.
+    """
+
+    def __init__(self, view: SwarmView) -> None:
+        self.view, self.waited = view, False
+
+    def before_round(self) -> None:
+        if not self.view.lost_sight():
+            self.waited = False
+            return
+        if self.waited:
+            return
+        self.waited = True
+        t0 = time.monotonic()
+        live = self.view.wait_for(2, self.view.ttl_s)
+        logger.info("lost sight of the swarm; waited %.1f s for it: %d live", time.monotonic() - t0, live)
 
 
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
@@ -219,6 +264,11 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
         ]
 
     return live
+
+
+def _skipped_s(peer: Peer) -> float:
+    """How far into its round a peer that skipped steps to catch up already is, in seconds."""
+    return peer.skip_steps * (peer.timing.t_step_s or 0.0)
 
 
 def _trained_before(metrics_path: Path) -> bool:
@@ -281,14 +331,16 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             else:
                 live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
                 logger.info("starting from the seed's weights with %d live peers", live)
-        server.publish(peer.state)
+        server.publish(peer.state, peer.timing.t_step_s, _skipped_s(peer))
         view.status.round = peer.state.round  # a resumed or late-joined peer can serve joiners at once
         deadline = started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
         rejoin = Rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds, tokens_per_round)
+        regain = RegainSight(view)
         while peer.state.round < cfg.rounds and not stop.is_set() and time.monotonic() < deadline:
+            regain.before_round()
             CONTEXT.round, CONTEXT.step = peer.state.round, peer.step
             m = peer.run_round()
-            server.publish(peer.state)
+            server.publish(peer.state, peer.timing.t_step_s)
             view.status.round, view.status.tokens_processed = peer.state.round, peer.tokens
             view.status.loss = m.train_loss
             view.status.throughput_tokens_per_s = tokens_per_round / max(1e-9, m.wall_s)
@@ -296,7 +348,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             rejoined = rejoin.after_round(m)
             if rejoined is not None:
                 metrics.write(rejoined)
-                server.publish(peer.state)
+                server.publish(peer.state, peer.timing.t_step_s, _skipped_s(peer))
             if opts.snapshot_every and peer.state.round % opts.snapshot_every == 0:
                 save_snapshot(
                     opts.run_dir / "snapshots",

@@ -81,6 +81,9 @@ class Peer:
         self.method = build_method(cfg.outer, exchange, self.timing)
         self.state = OuterState.from_params(self.params)
         self.step = 0
+        self.skip_steps = 0
+        """Inner steps the next round leaves out: a peer that adopted a donor's state mid-round
+        (late join, rejoin) ends its first round with the donor instead of a part-round later."""
         self.tokens = 0
         self.tokens_since_merge = 0
         # the work split is among swarm ids (peer ids), which the data key need not be
@@ -97,7 +100,8 @@ class Peer:
         tokens_before = self.tokens
         self.work.begin_round()
         losses = []
-        for s in range(self.cfg.outer.num_inner_steps):
+        first, self.skip_steps = self.skip_steps, 0
+        for s in range(first, self.cfg.outer.num_inner_steps):
             if s == self.cfg.outer.num_inner_steps // 2:
                 for hook in self.on_phase:
                     hook("inner", self.state.round)
@@ -180,13 +184,22 @@ class Peer:
         return [self.run_round() for _ in range(rounds)]
 
 
-def adopt_state(peer: Peer, state: OuterState) -> None:
-    """Take over a downloaded outer state (late join): θ ← φ, and the schedule moves to its round."""
+def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:
+    """Take over a downloaded outer state (late join): θ ← φ, and the schedule moves to its round.
+
+    `skip_steps` (0 … H−1) are the round's inner steps the donor had done by the time the state
+    arrived: this peer leaves them out of its first round, so it reaches that round's exchange with
+    its group instead of after it (its token weight, §5, counts the shorter round less).
+    """
+    h = peer.cfg.outer.num_inner_steps
+    if not 0 <= skip_steps < h:
+        raise ValueError(f"skip_steps={skip_steps}: must be in [0, {h})")
     peer.state = state
     with torch.no_grad():
         for p, a in zip(peer.params, state.anchor, strict=True):
             p.copy_(a)
-    peer.step = state.round * peer.cfg.outer.num_inner_steps
+    peer.skip_steps = skip_steps
+    peer.step = state.round * h + skip_steps
     inner = peer.cfg.inner
     peer.scheduler.last_epoch = peer.step
     factor = lr_factor(peer.step, inner.warmup_steps, peer.cfg.total_inner_steps, inner.min_lr_ratio)

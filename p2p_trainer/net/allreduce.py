@@ -217,12 +217,13 @@ async def _gather_results(
     contributed: set[int],
     own_done: float,
     deadline: float,
-) -> tuple[list[int], set[str]]:
+) -> tuple[list[int], set[str], int]:
     """Phase 2: write the other owners' averaged parts into `out` where they come back in time.
 
     Waits `grace_s + result_wait_s` for owners that contributed to this member's part, not at all
     for the others. Returns the contributor count of each part received (1 for a part kept as own
-    values) and the short ids of members left out of some part.
+    values), the short ids of members left out of some part, and how many parts came back without
+    this member's values (it was late for them).
     """
     n, me = len(group.members), group.members.index(group.me)
     short = [m[-8:] for m in group.members]
@@ -236,9 +237,10 @@ async def _gather_results(
         )
         for j in others
     }
-    sizes, left_out = [], set()
+    sizes, left_out, late = [], set(), 0
     for j, task in waits.items():
         got = await task
+        late += 0 if isinstance(got, str) or me in got[1] else 1
         if isinstance(got, str) or me not in got[1]:
             why = got if isinstance(got, str) else "does not include this member's contribution"
             logger.info("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
@@ -249,7 +251,7 @@ async def _gather_results(
         out[a:b] = got[0]
         sizes.append(len(got[1]))
         left_out.update(short[i] for i in others if i not in got[1])
-    return sizes, left_out
+    return sizes, left_out, late
 
 
 def _finish_in_background(sends: list[asyncio.Task[bool]], transport: Transport, key: str) -> None:
@@ -303,7 +305,7 @@ async def butterfly_average(
 
     out = data.copy()  # parts that do not come back keep this member's own values
     out[lo:hi] = mine
-    sizes, left_out = await _gather_results(
+    sizes, left_out, late_parts = await _gather_results(
         transport, group, bounds, out, set(arrivals.values), own_done, deadline
     )
     sizes.append(len(included))
@@ -325,6 +327,7 @@ async def butterfly_average(
         elapsed_s=elapsed,
         left_out=tuple(sorted(left_out)),
         own_parts=own_parts,
+        late_parts=late_parts,
         quorum_s=arrivals.quorum_s,
         sync_s=time.monotonic() - own_done,
     )

@@ -67,6 +67,7 @@ class _Pending:
                 res.elapsed_s,
                 res.left_out,
                 res.own_parts,
+                res.late_parts,
                 res.quorum_s,
                 res.sync_s,
             )

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +39,36 @@ class StateSnapshot:
     anchor: list[torch.Tensor]
     momentum: list[torch.Tensor]
     round: int
+    published_at: float = 0.0
+    """time.monotonic() when the donor's round began (its previous outer step)."""
+    step_s: float = 0.0
+    """The donor's inner-step time (EMA, seconds); 0 when unknown."""
+
+
+@dataclass
+class DonorState(OuterState):
+    """A downloaded outer state, with where the donor stood in its round when it arrived."""
+
+    round_elapsed_s: float = 0.0
+    """Seconds the donor had spent in this round by the time the payload arrived."""
+    donor_step_s: float = 0.0
+    """The donor's inner-step time; 0 when it did not know or say."""
+
+
+def catch_up_steps(state: DonorState, num_inner_steps: int, own_step_s: float | None) -> int:
+    """Inner steps a peer adopting `state` should leave out of its first round (0 … H−1).
+
+    The donor ends this round after `H · donor_step − elapsed` more seconds; doing only the steps
+    that fit in that time brings the joiner to the round's exchange with the donor's group. Without
+    this a rejoined peer stays a part-round behind and a blocking group leaves it out every round.
+    """
+    donor_step = state.donor_step_s
+    own_step = own_step_s if own_step_s and own_step_s > 0 else donor_step
+    if donor_step <= 0 or own_step <= 0:
+        return 0
+    remaining_s = max(0.0, num_inner_steps * donor_step - state.round_elapsed_s)
+    needed = math.ceil(remaining_s / own_step - 1e-9)
+    return min(num_inner_steps - 1, max(0, num_inner_steps - needed))
 
 
 def _payload(snapshot: StateSnapshot) -> bytes:
@@ -54,8 +86,13 @@ class StateServer:
         self.snapshot: StateSnapshot | None = None
         transport.run(transport.add_request_handler(STATE_PROTOCOL, self._serve), timeout_s=30)
 
-    def publish(self, state: OuterState) -> None:
-        self.snapshot = StateSnapshot(list(state.anchor), list(state.momentum), state.round)
+    def publish(self, state: OuterState, step_s: float | None = None, elapsed_s: float = 0.0) -> None:
+        """Serve `state` from now on: call it when a round begins (its anchor is that round's φ);
+        `elapsed_s` is how far into the round this peer already is (it skipped steps to catch up)."""
+        began = time.monotonic() - elapsed_s
+        self.snapshot = StateSnapshot(
+            list(state.anchor), list(state.momentum), state.round, began, step_s or 0.0
+        )
 
     async def _serve(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
@@ -70,6 +107,8 @@ class StateServer:
             "round": snap.round,
             "nbytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),
+            "round_elapsed_s": time.monotonic() - snap.published_at,
+            "step_s": snap.step_s,
         }
         await P2P.send_raw_data(encode_header(header), writer)
         await P2P.send_raw_data(payload, writer)
@@ -129,8 +168,8 @@ def donor_order(me: str, donors: Sequence[tuple[str, int]], slack_rounds: int = 
 
 
 def first_download(
-    donors: Sequence[str], download: Callable[[str], OuterState | Failed]
-) -> tuple[OuterState, str] | list[str]:
+    donors: Sequence[str], download: Callable[[str], DonorState | Failed]
+) -> tuple[DonorState, str] | list[str]:
     """Try `donors` in order; the first verified state and its donor, or every donor's failure."""
     failures = []
     for donor in donors:
@@ -150,12 +189,13 @@ def download_state(
     like: list[torch.Tensor],
     timeout_s: float,
     stall_timeout_s: float = 10.0,
-) -> OuterState | Failed:
+) -> DonorState | Failed:
     """The donor's (φ, m, round), shaped like `like`, or `Failed(reason)`.
 
     Fails after `timeout_s` in all, or as soon as no bytes arrive for `stall_timeout_s`.
     """
     numel = sum(t.numel() for t in like)
+    t0 = time.monotonic()
     try:
         header, payload = transport.run(
             _fetch(transport, donor, run_id, 8 * numel, stall_timeout_s), timeout_s
@@ -167,6 +207,10 @@ def download_state(
     rnd = header.get("round")
     if not isinstance(rnd, int) or rnd < 0:
         return Failed(f"donor {donor[-8:]} sent round {rnd!r}")
+    raw = [header.get("round_elapsed_s", 0.0), header.get("step_s", 0.0)]
+    timing = [float(v) for v in raw if isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v < 1e7]
+    if len(timing) != 2:
+        return Failed(f"donor {donor[-8:]} sent round timing {raw!r}; expected seconds >= 0")
     if len(payload) != 8 * numel or header.get("sha256") != hashlib.sha256(payload).hexdigest():
         return Failed(f"donor {donor[-8:]}: payload size or checksum mismatch")
     flat = torch.from_numpy(np.frombuffer(payload, dtype=np.float32).copy())
@@ -174,4 +218,11 @@ def download_state(
         return Failed(f"donor {donor[-8:]} sent non-finite values")
     parts = list(torch.split(flat, [t.numel() for t in like] * 2))
     tensors = [p.view(t.shape) for p, t in zip(parts, like + like, strict=True)]
-    return OuterState(anchor=tensors[: len(like)], momentum=tensors[len(like) :], round=rnd)
+    return DonorState(
+        anchor=tensors[: len(like)],
+        momentum=tensors[len(like) :],
+        round=rnd,
+        # the header's elapsed time was taken before the payload left: add the transfer
+        round_elapsed_s=timing[0] + (time.monotonic() - t0),
+        donor_step_s=timing[1],
+    )

@@ -90,6 +90,10 @@ class SwarmView:
     def live_peers(self) -> list[str]:
         return [h.peer_id for h in self.heartbeats()]
 
+    def lost_sight(self) -> bool:
+        """No other peer is in view, but some were before: this peer was stalled or cut off."""
+        return bool(self._known) and not (set(self.live_peers()) - {self.node.peer_id})
+
     def wait_for(self, num_peers: int, timeout_s: float) -> int:
         """Block until `num_peers` peers (self included) are live or the timeout passes; returns the count."""
         deadline = time.monotonic() + timeout_s

@@ -86,7 +86,7 @@ def _data_parallel(sw: Swarm, name: str, pause_s: float, lost_s: FloatArray, spa
     comm_s = latency.allreduce_s(
         s.allreduce, s.num_peers, s.exchange_bytes, float(sw.bandwidth_Bps.min()), float(sw.alpha_s.max())
     )
-    step_wall_s = s.step_s * float(sw.speed.max()) + comm_s
+    step_wall_s = s.step_s * float(sw.speed.max()) + comm_s + s.round_overhead_s
     edges = np.linspace(0.0, s.horizon_s, NUM_BINS + 1)
     zeros = np.zeros(NUM_BINS + 1, dtype=np.int64)
     running = np.diff(pauses.running_until(zeros, edges))
@@ -131,13 +131,19 @@ class RoundState:
         peers = np.arange(s.num_peers, dtype=np.int64)
         return cls(sw, pauses, Ledger(sw, pauses, repairs), peers, s.num_inner_steps * s.step_s * sw.speed)
 
-    def compute(self, start_s: FloatArray, peers: IntArray | None = None) -> FloatArray:
-        """Run H inner steps from `start_s` on `peers` (default: every peer); return the finish times."""
+    def compute(
+        self, start_s: FloatArray, peers: IntArray | None = None, slowdown_s: float = 0.0
+    ) -> FloatArray:
+        """Run H inner steps from `start_s` on `peers` (default: every peer); return the finish times.
+
+        `slowdown_s`: step time lost to a background exchange (`overlap_cpu_s_per_mb`): spent in
+        steps (utilisation) but not training (goodput)."""
         peers = self.peers if peers is None else peers
-        work = self.work_s[peers]
+        work = self.work_s[peers] + slowdown_s
         finish = self.pauses.finish_time(peers, start_s, work)
         active = start_s < self.sw.scenario.horizon_s
-        self.ledger.add_compute(peers[active], start_s[active], finish[active], work[active])
+        share = float(self.work_s.mean() / (self.work_s.mean() + slowdown_s))
+        self.ledger.add_compute(peers[active], start_s[active], finish[active], work[active], share)
         return finish
 
     def uptime(self, blocked_all_s: float = 0.0) -> float:
@@ -156,6 +162,7 @@ def diloco(sw: Swarm) -> MethodResult:
         finish = r.compute(np.full(s.num_peers, t))
         end = float(finish.max()) + comm_s
         blocked += min(end, s.horizon_s) - min(float(finish.max()), s.horizon_s)
+        end += s.round_overhead_s
         r.ledger.add_round(t, np.array([end - t]))
         t = end
     nbytes = latency.allreduce_bytes_per_peer(s.allreduce, s.num_peers, s.exchange_bytes)
@@ -199,6 +206,7 @@ def noloco(sw: Swarm) -> MethodResult:
     while t.min() < s.horizon_s:
         finish = r.compute(t)
         nxt, _ = _group_exchange(sw, finish, s.group_size, derived_rng(s.seed, 10, rnd))
+        nxt = nxt + s.round_overhead_s
         r.ledger.add_round(float(t.mean()), (nxt - t)[t < s.horizon_s])
         t, rnd = nxt, rnd + 1
     nbytes = latency.group_bytes_per_peer(s.group_size, s.exchange_bytes)
@@ -214,8 +222,10 @@ def gossip(sw: Swarm) -> MethodResult:
     )
     t = np.zeros(s.num_peers)
     rnd, dropped, blocked_all = 0, 0, 0.0
+    mix1_bytes = latency.group_bytes_per_peer(s.group_size, s.exchange_bytes)
+    slowdown_s = s.overlap_cpu_s_per_mb * mix1_bytes / 1e6
     while t.min() < s.horizon_s:
-        finish = r.compute(t)
+        finish = r.compute(t, slowdown_s=slowdown_s)
         # Mix1 starts with the round and overlaps compute (anchors are fixed during the round).
         _, mix1_s = _group_exchange(sw, t, s.group_size, derived_rng(s.seed, 11, rnd))
         mix1_done = t + mix1_s
@@ -229,6 +239,7 @@ def gossip(sw: Swarm) -> MethodResult:
                 blocked_all += allreduce
             else:
                 nxt, _ = _group_exchange(sw, ready, s.mix2_group_size, derived_rng(s.seed, 12, rnd))
+        nxt = nxt + s.round_overhead_s
         r.ledger.add_round(float(t.mean()), (nxt - t)[t < s.horizon_s])
         t, rnd = nxt, rnd + 1
     mix2_bytes = (

@@ -68,6 +68,15 @@ class Scenario:
     exchange_overhead_s: float = 0.0
     """Fixed cost of every outer exchange (matchmaking, group formation), added to the transfer time;
     hivemind's is about its `matchmaking_time`. Not applied to data-parallel's per-step collective."""
+    link_efficiency: float = 1.0
+    """Fraction of the link rate an exchange achieves (transport framing, encryption, flow control,
+    the CPU of the network stack on a slow host); 1 is the ideal alpha-beta model."""
+    overlap_cpu_s_per_mb: float = 0.0
+    """Compute time a background exchange (Mix1) takes from its peer's inner steps, per MB the peer
+    sends: peers whose network stack runs on the cores that also compute (CPU peers, the WAN
+    testbed's capped peers). 0 for accelerators, whose steps do not wait for the host's network stack."""
+    round_overhead_s: float = 0.0
+    """Per-round time outside inner steps and exchanges (outer step, snapshot, metrics, checkpoint)."""
     num_inner_steps: int = 100
     """H: inner steps per outer round."""
     group_size: int = 2
@@ -110,7 +119,9 @@ class Scenario:
         _check_positive(self, ("mtbi_chip_s", "step_s", "model_params", "bytes_per_param"))
         _check_positive(self, ("compression_ratio", "bandwidth_gbps", "horizon_s", "checkpoint_interval_s"))
         _check_non_negative(self, ("repair_s", "restart_s", "reconfig_s", "latency_ms", "grace_max_s"))
-        _check_non_negative(self, ("exchange_overhead_s",))
+        _check_non_negative(self, ("exchange_overhead_s", "overlap_cpu_s_per_mb", "round_overhead_s"))
+        if not 0.0 < self.link_efficiency <= 1.0:
+            raise ScenarioError(f"link_efficiency={self.link_efficiency}: must be in (0, 1]")
         _check_non_negative(self, ("straggler_sigma", "bandwidth_sigma", "latency_sigma", "grace_gamma"))
         if self.num_chips % self.num_peers:
             raise ScenarioError(

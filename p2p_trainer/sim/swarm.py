@@ -48,7 +48,11 @@ class Swarm:
         n = s.num_peers
         speed = np.exp(derived_rng(s.seed, 1).normal(0.0, s.straggler_sigma, n))
         bandwidth = (
-            s.bandwidth_gbps * 1e9 / 8.0 * np.exp(derived_rng(s.seed, 2).normal(0.0, s.bandwidth_sigma, n))
+            s.link_efficiency
+            * s.bandwidth_gbps
+            * 1e9
+            / 8.0
+            * np.exp(derived_rng(s.seed, 2).normal(0.0, s.bandwidth_sigma, n))
         )
         alpha = s.latency_ms * 1e-3 * np.exp(derived_rng(s.seed, 3).normal(0.0, s.latency_sigma, n))
         return cls(s, failures, speed, bandwidth, alpha)
@@ -111,9 +115,15 @@ class Ledger:
         self.round_trace.append((start_s, float(durations_s.mean())))
 
     def add_compute(
-        self, peers: IntArray, start_s: FloatArray, finish_s: FloatArray, work_s: FloatArray
+        self,
+        peers: IntArray,
+        start_s: FloatArray,
+        finish_s: FloatArray,
+        work_s: FloatArray,
+        useful_share: float = 1.0,
     ) -> None:
-        """Peers ran `work_s` of steps from `start_s`, finishing at `finish_s` (pauses included)."""
+        """Peers ran `work_s` of steps from `start_s`, finishing at `finish_s` (pauses included);
+        `useful_share` of it was training (the rest: a background exchange's CPU slowing the steps)."""
         s = self.swarm.scenario
         h = s.horizon_s
         cut = np.minimum(finish_s, h)
@@ -123,7 +133,7 @@ class Ledger:
         )
         done = np.maximum(done, 0.0)
         live = self.repairs.live_fraction(peers, start_s, np.maximum(cut, start_s + 1e-9), s.chips_per_peer)
-        useful = done / self.swarm.speed[peers] * live * s.chips_per_peer
+        useful = useful_share * done / self.swarm.speed[peers] * live * s.chips_per_peer
         self.useful_chip_s += float(useful.sum())
         self.compute_chip_s += float(done.sum()) * s.chips_per_peer
         self._spread_over_time(start_s, np.maximum(cut, start_s + 1e-9), useful)

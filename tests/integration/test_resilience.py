@@ -156,14 +156,10 @@ def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: s
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (issue 5): after the stalled peer rejoins, the survivors' last rounds of an "
-    "all-peer DiLoCo run merge only partially (0.375 of rounds in a clean-clone CI run, bound 0.6) while "
-    "it catches up; passed in 3 of 4 earlier runs. Still run and reported (XPASS when it holds).",
-)
 def test_stalled_peer_is_left_out_then_merges_again(tmp_path: Path) -> None:
-    cfg = _config("diloco", rounds=80)
+    # enough rounds that the survivors are still training when the victim's view comes back (its
+    # DHT routes are gone after the stall; tiny rounds take ~0.1 s on an idle machine)
+    cfg = _config("diloco", rounds=250)
     swarm = Swarm(tmp_path, cfg, 3)
     victim = swarm.peers[2]
     try:

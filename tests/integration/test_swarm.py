@@ -62,14 +62,18 @@ def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str
 
 
 def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
-    cfg = tiny_config("factored", rounds=120)
+    # Stopped by time, not rounds: tiny rounds take ~0.1 s on an idle machine, so a fixed round count
+    # can be over before the late joiner's node is up.
+    cfg = tiny_config("factored", rounds=100_000)
     opts = local_options(tmp_path, cfg, peers=3)
     boot, initial = start_bootstrap(tmp_path, 60)
     children = [boot]
     try:
-        children += [start_peer(opts, i, initial, threads=1) for i in range(3)]
+        limit = ["--max-minutes", "0.75"]
+        children += [start_peer(opts, i, initial, threads=1, extra=limit) for i in range(3)]
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 4, 180), "the swarm did not get going"
-        children.append(start_peer(opts, 3, initial, threads=1, extra=["--wait-for-peers", "1"]))
+        late_limit = ["--max-minutes", "0.4", "--wait-for-peers", "1"]  # ends before the others do
+        children.append(start_peer(opts, 3, initial, threads=1, extra=late_limit))
         assert wait_until(lambda: len(rounds_of(tmp_path, 3)) >= 1, 180)
         held = held_sockets([c.pid for c in children])
         assert wait_all(children[1:], timeout_s=240)
@@ -78,8 +82,12 @@ def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
         _stop_all(children)
     late = rounds_of(tmp_path, 3)
     assert late and int(late[0]["round"]) >= 4, "the late peer did not adopt the swarm's round"  # type: ignore[call-overload]
+    # it caught up with the round in progress (fewer tokens in its first round) and then mixes
+    # with the others: its Mix1/Mix2 exchanges merged in most rounds
+    merged = [any(e["ok"] and e["group_size"] >= 2 for e in r["exchanges"]) for r in late]  # type: ignore[union-attr]
+    assert sum(merged) >= 0.6 * len(merged), f"the late peer merged in {sum(merged)} of {len(merged)} rounds"
     finals = [final_of(tmp_path, i) for i in range(4)]
-    assert all(f is not None and f["round"] == 120 for f in finals)
+    assert all(f is not None for f in finals)
     losses = [float(f["val_loss"]) for f in finals if f is not None]  # type: ignore[arg-type]
     assert abs(losses[3] - sum(losses[:3]) / 3) < 0.1, losses
     for c in children:

@@ -88,6 +88,7 @@ def test_dead_member_costs_one_grace_window_and_its_part_stays_own() -> None:
     for name, res in results.items():
         i = int(name[-1])
         assert isinstance(res, Ok) and res.own_parts == 1 and res.left_out == ("peer2",)
+        assert res.late_parts == 0  # the dead partner's part is missing: not this member's lag
         assert elapsed[name] < 2 * GRACE_S + 0.2, elapsed  # not the 30 s deadline
         out = res.tensors[0].numpy()
         for j, (a, b) in enumerate(bounds):
@@ -111,7 +112,8 @@ def test_late_member_is_left_out_and_keeps_own_values() -> None:
         assert elapsed[name] < 2 * GRACE_S + 0.2
     late = results["peer2"]
     # peer2's own part had every contribution waiting for it; the others' parts left it out
-    assert isinstance(late, Ok) and late.own_parts == 2
+    assert isinstance(late, Ok) and late.own_parts == 2 and late.late_parts == 2
+    assert all(results[n].late_parts == 0 for n in ("peer0", "peer1"))  # type: ignore[union-attr]
     a, b = part_bounds(10, 3)[2]
     np.testing.assert_allclose(late.tensors[0].numpy()[a:b], 1.0)
     np.testing.assert_allclose(late.tensors[0].numpy()[:a], float(flats[2][0]))

@@ -84,7 +84,7 @@ def test_rejoin_target_is_the_majority_round() -> None:
     assert rejoin_target(5, [20, 21], 0) is None
 
 
-def test_alone_rounds_count_rounds_that_merged_with_no_one() -> None:
+def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
     from p2p_trainer.methods import ExchangeRecord, RoundReport
     from p2p_trainer.node import alone_rounds
     from p2p_trainer.trainer import RoundMetrics
@@ -96,7 +96,10 @@ def test_alone_rounds_count_rounds_that_merged_with_no_one() -> None:
     alone = ExchangeRecord("outer", True, 1, 0.0, 0.0, 0, 0)
     failed = ExchangeRecord("outer", False, 1, 1.0, 1.0, 0, 0, "no one")
     partial = ExchangeRecord("outer", True, 1, 1.0, 1.0, 1, 1, own_parts=1)
-    assert alone_rounds(2, metrics(partial)) == 0  # some parts merged with the others
+    late = ExchangeRecord("outer", True, 1, 1.0, 1.0, 1, 1, own_parts=1, late_parts=1)
+    assert alone_rounds(2, metrics(partial)) == 0  # a partner's part did not come back: not our lag
+    assert alone_rounds(2, metrics(late)) == 3  # the others averaged without this peer: it is late
+    assert alone_rounds(2, metrics(late, merged)) == 0
     assert alone_rounds(2, metrics(alone)) == 3
     assert alone_rounds(2, metrics(failed, alone)) == 3
     assert alone_rounds(2, metrics(failed, merged)) == 0

@@ -149,3 +149,29 @@ def test_exchange_overhead_adds_to_every_outer_round_not_to_overlapped_ones() ->
         assert b[name].mean_round_s - a[name].mean_round_s == pytest.approx(4.0, rel=1e-6), name
     # Mix1 overlaps compute: 4 s more is still hidden behind 50 s of inner steps
     assert b["gossip"].mean_round_s == pytest.approx(a["gossip"].mean_round_s)
+
+
+def test_testbed_terms_link_efficiency_round_overhead_and_overlap_cpu() -> None:
+    """The three terms that describe real (CPU-capped, shaped-link) peers, each on its own."""
+    base = dataclasses.replace(NO_FAILURES, methods=("diloco", "noloco", "gossip"), mix2_every_rounds=0)
+    ideal = simulate(base)
+    allreduce = ring_allreduce_s(8, 4e8, 1e9 / 8, 0.02)
+    slow = simulate(dataclasses.replace(base, link_efficiency=0.5))
+    assert slow["diloco"].mean_round_s == pytest.approx(50.0 + ring_allreduce_s(8, 4e8, 0.5e9 / 8, 0.02))
+    assert slow["diloco"].mean_round_s - ideal["diloco"].mean_round_s > 0.9 * allreduce
+    extra = simulate(dataclasses.replace(base, round_overhead_s=2.0))
+    for name in ("diloco", "noloco", "gossip"):
+        assert extra[name].mean_round_s == pytest.approx(ideal[name].mean_round_s + 2.0, rel=1e-3)
+    # Mix1 of a pair sends 400 MB per round; at 0.01 s/MB the steps take 4 s longer: counted as
+    # time in steps (utilisation stays ~1) but not as useful work (goodput drops by 4/54)
+    cpu = simulate(dataclasses.replace(base, overlap_cpu_s_per_mb=0.01))["gossip"]
+    assert cpu.mean_round_s == pytest.approx(ideal["gossip"].mean_round_s + 4.0, rel=1e-3)
+    assert cpu.utilisation == pytest.approx(ideal["gossip"].utilisation, abs=0.01)
+    assert cpu.goodput == pytest.approx(ideal["gossip"].goodput * 50 / 54, rel=0.01)
+
+
+def test_link_efficiency_out_of_range_is_refused() -> None:
+    from p2p_trainer.sim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="link_efficiency"):
+        dataclasses.replace(NO_FAILURES, link_efficiency=1.5).validate()

@@ -10,6 +10,8 @@ three measured terms (Scenario fields, docs/simulator.md). None is fitted to a c
   exchange time, median over its exchanges.
 - `overlap_cpu_s_per_mb`: a 2-peer Mix1-only run against a 2-peer independent run: the extra step
   time per round per MB the peer sent in the background.
+- `round_jitter_sigma`: the 2-peer independent run: spread (std of the log) of a peer's compute
+  time from round to round. Peers without a barrier drift apart by it and then wait for partners.
 
 The compared runs are the 4-peer methods; their utilisation and round time are predictions.
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +29,11 @@ from wan_analysis import pair_bytes, run_stats
 from wan_runs import SwarmSpec, Variant, run_swarm, variant_config
 
 from p2p_trainer.config import RunConfig
+from p2p_trainer.metrics import read_records
 
 logger = logging.getLogger("wan_bench")
 CALIBRATION = (
-    Variant("calib-diloco", "diloco"),
+    Variant("calib-diloco", "diloco", {"quorum_fraction": 1.0}),
     Variant("calib-mix1", "factored", {"mix2_rounds": 0}),
     Variant("calib-independent", "independent"),
 )
@@ -54,12 +59,26 @@ def calibrate(cfg0: RunConfig, spec: SwarmSpec, h: int, out: Path, num_params: i
     extra_step_s = stats["calib-mix1"]["step_compute_s"] - stats["calib-independent"]["step_compute_s"]
     mix1_mb = pair_bytes(2, num_params) / 1e6
     return {
+        "round_jitter_sigma": round_jitter(out / "calibration" / "calib-independent", 2),
         "link_efficiency": min(1.0, 1.0 / ratio) if ratio else 1.0,
         "overlap_cpu_s_per_mb": max(0.0, extra_step_s * h / mix1_mb),
         "calib_diloco_exchange_vs_bound_p50": ratio or float("nan"),
         "calib_mix1_step_s": stats["calib-mix1"]["step_compute_s"],
         "calib_independent_step_s": stats["calib-independent"]["step_compute_s"],
     }
+
+
+def round_jitter(run_dir: Path, peers: int) -> float:
+    """Std of log(compute time per round) around each peer's own mean (first and last round out:
+    start-up, and a round cut by the budget)."""
+    dev: list[float] = []
+    for i in range(peers):
+        rounds = [r for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round"]
+        logs = [math.log(r["compute_s"]) for r in rounds[1:-1] if r["compute_s"] > 0]
+        if len(logs) > 1:
+            mean = statistics.fmean(logs)
+            dev += [x - mean for x in logs]
+    return statistics.pstdev(dev) if len(dev) > 1 else 0.0
 
 
 def sim_comparison(
@@ -95,6 +114,7 @@ def sim_comparison(
             bandwidth_gbps=spec.rate_mbit / 1000, latency_ms=0.05, exchange_overhead_s=0.0,
             link_efficiency=terms["link_efficiency"], overlap_cpu_s_per_mb=terms["overlap_cpu_s_per_mb"],
             round_overhead_s=overhead_s / h if v == "data-parallel" else overhead_s,
+            round_jitter_sigma=terms.get("round_jitter_sigma", 0.0),
             group_size=2, mix2_every_rounds=k, mix2_group_size=0, horizon_s=spec.budget_s, methods=(sim_name,),
         )  # fmt: skip
         pred = predict(sc)[sim_name]

@@ -123,6 +123,8 @@ class RoundState:
     ledger: Ledger
     peers: IntArray
     work_s: FloatArray
+    draws: int = 0
+    """Rounds of per-peer jitter drawn so far (each from its own derived stream)."""
 
     @classmethod
     def start(cls, sw: Swarm) -> RoundState:
@@ -140,6 +142,12 @@ class RoundState:
         steps (utilisation) but not training (goodput)."""
         peers = self.peers if peers is None else peers
         work = self.work_s[peers] + slowdown_s
+        s = self.sw.scenario
+        if s.round_jitter_sigma > 0:
+            work = work * np.exp(
+                derived_rng(s.seed, 14, self.draws).normal(0.0, s.round_jitter_sigma, len(peers))
+            )
+            self.draws += 1
         finish = self.pauses.finish_time(peers, start_s, work)
         active = start_s < self.sw.scenario.horizon_s
         share = float(self.work_s.mean() / (self.work_s.mean() + slowdown_s))

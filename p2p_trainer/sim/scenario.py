@@ -51,6 +51,9 @@ class Scenario:
     """Time of one inner (or data-parallel) step at nominal speed."""
     straggler_sigma: float = 0.0
     """Lognormal sigma of each peer's step-time factor (0: all peers equally fast)."""
+    round_jitter_sigma: float = 0.0
+    """Lognormal sigma of a peer's compute time per round, drawn afresh every round (OS scheduling,
+    background work). Peers that never wait for each other drift apart by a random walk of these."""
     model_params: float = 1.0e9
     """Parameters of the model exchanged by the outer methods."""
     bytes_per_param: float = 4.0
@@ -123,6 +126,7 @@ class Scenario:
         if not 0.0 < self.link_efficiency <= 1.0:
             raise ScenarioError(f"link_efficiency={self.link_efficiency}: must be in (0, 1]")
         _check_non_negative(self, ("straggler_sigma", "bandwidth_sigma", "latency_sigma", "grace_gamma"))
+        _check_non_negative(self, ("round_jitter_sigma",))
         if self.num_chips % self.num_peers:
             raise ScenarioError(
                 f"num_chips={self.num_chips} is not a multiple of num_peers={self.num_peers}: "

@@ -175,3 +175,13 @@ def test_link_efficiency_out_of_range_is_refused() -> None:
 
     with pytest.raises(ScenarioError, match="link_efficiency"):
         dataclasses.replace(NO_FAILURES, link_efficiency=1.5).validate()
+
+
+def test_round_jitter_is_seeded_and_makes_barriers_wait_for_the_slowest_draw() -> None:
+    base = dataclasses.replace(NO_FAILURES, methods=("diloco",), latency_ms=0.0)
+    ideal = simulate(base)["diloco"].mean_round_s
+    jittered = dataclasses.replace(base, round_jitter_sigma=0.1)
+    first, again = simulate(jittered)["diloco"], simulate(jittered)["diloco"]
+    assert first.mean_round_s == again.mean_round_s  # same seed, same draws
+    # a blocking round waits for the slowest of 8 peers' draws: ~ exp(1.42 sigma) of the compute
+    assert 50.0 * 1.10 < first.mean_round_s - (ideal - 50.0) < 50.0 * 1.20

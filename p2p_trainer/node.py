@@ -83,6 +83,7 @@ def _late_join(
     run_id: str,
     patience_s: float = 30.0,
     donor_wait_s: float = 0.0,
+    on_download: Callable[[str, int], None] | None = None,
 ) -> bool:
     """Download (φ, m, round) from a live peer at the swarm's latest round; the next one if it fails.
 
@@ -93,12 +94,16 @@ def _late_join(
     """
     deadline = time.monotonic() + patience_s
     donor_deadline = time.monotonic() + donor_wait_s
+    attempt = 0
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
         donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats])
         if not donors and time.monotonic() >= donor_deadline:
             return False
+        attempt += 1
+        if donors and on_download is not None:
+            on_download("download", attempt)  # fault injection (tests)
         got = first_download(
             donors, lambda d: download_state(transport, d, run_id, peer.state.anchor, timeout_s=120)
         )
@@ -323,7 +328,12 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             # a swarm restarted from checkpoints starts its next round together (blocking methods)
             view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
         elif not _late_join(
-            peer, view, transport, run_id, donor_wait_s=opts.rejoin_wait_s if rejoining else 0
+            peer,
+            view,
+            transport,
+            run_id,
+            donor_wait_s=opts.rejoin_wait_s if rejoining else 0,
+            on_download=exchange.fault_hook,
         ):
             if rejoining and ckpt.exists():  # the whole swarm is gone: carry on from our own state
                 load_checkpoint(peer, ckpt)

@@ -7,7 +7,10 @@ phase and round, like a machine that loses power there:
 - "inner": in the middle of the round's inner steps;
 - "mix1": once the round's Mix1 (background) exchange has delivered its contributions;
 - "exchange": once a blocking exchange has delivered its contributions (phase 1), before this
-  peer averages its own part: the rest of its group then waits for a part that never comes.
+  peer averages its own part: the rest of its group then waits for a part that never comes;
+- "download": a joining peer, once it has announced itself and starts downloading the swarm's
+  state (the round is the number of the download attempt, from 1): the swarm has it in view
+  (heartbeat) but it never trains.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import signal
 
 logger = logging.getLogger(__name__)
 
-PHASES = ("inner", "mix1", "exchange")
+PHASES = ("inner", "mix1", "exchange", "download")
 
 
 def parse_kill_at(text: str) -> tuple[str, int]:

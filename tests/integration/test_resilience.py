@@ -152,6 +152,23 @@ def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: s
         swarm.close()
 
 
+def test_joiner_killed_during_state_download_does_not_stop_survivors(tmp_path: Path) -> None:
+    cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
+    limit = ["--max-minutes", "0.6"]
+    swarm = Swarm(tmp_path, cfg, 2, extra={0: limit, 1: limit})
+    try:
+        assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the swarm did not get going"
+        victim = swarm.start(2, [*limit, "--wait-for-peers", "1", "--kill-self-at", "download:1"])
+        swarm.note_sockets()
+        assert wait_until(lambda: not victim.alive(), 120), "the joiner did not die"
+        assert victim.proc.returncode == -signal.SIGKILL
+        log = (tmp_path / "peer2" / "log.txt").read_text()
+        assert "fault injection: SIGKILL at download" in log and not swarm.rounds(2)
+        _survivors_ok(swarm, [0, 1], "SIGKILL of a joiner during its state download (diloco)")
+    finally:
+        swarm.close()
+
+
 # --------------------------------------------------------------------------- stall, then recover
 
 

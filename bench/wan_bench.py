@@ -30,7 +30,7 @@ import torch
 from wan_analysis import Evaluator, loss_curve, median, run_stats
 from wan_calibration import calibrate, sim_comparison
 from wan_report import markdown, plots
-from wan_runs import SwarmSpec, Variant, run_swarm, variant_config
+from wan_runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_config
 from wan_targets import sanity, seed_comparison, targets
 
 from p2p_trainer.config import load_config
@@ -44,14 +44,6 @@ setting (4 ranks × 400 steps). A peer stops at this many steps or at the wall-t
 comes first, so a method that keeps its CPU busy gets further down the same schedule. (With an
 unending schedule, i.e. a constant learning rate, the DiLoCo family falls behind independent
 training per token in the quick run; the reference comparisons are made with the cosine.)"""
-
-
-CANONICAL = {"quorum_fraction": 1.0}
-"""The baselines as their users run them: every exchange waits for its whole group (bounded by
-`quorum_wait_max_s`, 15 s). With our resilient default (half the group, then a grace window sized
-by the ~0.5 s step time, 1 s here) a peer that finished ~1 s after its group was left out of
-most 5 s exchanges on these links and the baselines' models drifted (measured: DiLoCo merged
-fully in 4 of 13 rounds). Factored gossip keeps the default: it is ours, failures included."""
 
 
 def variants(h: int, mix2_every: list[int]) -> list[Variant]:

@@ -19,6 +19,7 @@ The compared runs are the 4-peer methods; their utilisation and round time are p
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import statistics
@@ -26,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from wan_analysis import pair_bytes, run_stats
-from wan_runs import SwarmSpec, Variant, run_swarm, variant_config
+from wan_runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_config
 
 from p2p_trainer.config import RunConfig
 from p2p_trainer.metrics import read_records
 
 logger = logging.getLogger("wan_bench")
 CALIBRATION = (
-    Variant("calib-diloco", "diloco", {"quorum_fraction": 1.0}),
+    Variant("calib-diloco", "diloco", CANONICAL),
     Variant("calib-mix1", "factored", {"mix2_rounds": 0}),
     Variant("calib-independent", "independent"),
 )
@@ -42,8 +43,6 @@ TOLERANCE = 0.15
 
 def calibrate(cfg0: RunConfig, spec: SwarmSpec, h: int, out: Path, num_params: int) -> dict[str, float]:
     """Run (or re-read) the three 2-peer calibration runs; return the measured terms."""
-    import json
-
     pair = dataclasses.replace(spec, peers=2)
     stats = {}
     for v in CALIBRATION:

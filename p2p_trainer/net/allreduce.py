@@ -240,8 +240,8 @@ async def _gather_results(
     sizes, left_out, late = [], set(), 0
     for j, task in waits.items():
         got = await task
-        late += 0 if isinstance(got, str) or me in got[1] else 1
         if isinstance(got, str) or me not in got[1]:
+            late += not isinstance(got, str)  # it came back, averaged without this member
             why = got if isinstance(got, str) else "does not include this member's contribution"
             logger.info("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
             left_out.add(short[j])

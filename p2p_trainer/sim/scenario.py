@@ -122,11 +122,12 @@ class Scenario:
         _check_positive(self, ("mtbi_chip_s", "step_s", "model_params", "bytes_per_param"))
         _check_positive(self, ("compression_ratio", "bandwidth_gbps", "horizon_s", "checkpoint_interval_s"))
         _check_non_negative(self, ("repair_s", "restart_s", "reconfig_s", "latency_ms", "grace_max_s"))
-        _check_non_negative(self, ("exchange_overhead_s", "overlap_cpu_s_per_mb", "round_overhead_s"))
+        _check_non_negative(
+            self, ("exchange_overhead_s", "overlap_cpu_s_per_mb", "round_overhead_s", "round_jitter_sigma")
+        )
         if not 0.0 < self.link_efficiency <= 1.0:
             raise ScenarioError(f"link_efficiency={self.link_efficiency}: must be in (0, 1]")
         _check_non_negative(self, ("straggler_sigma", "bandwidth_sigma", "latency_sigma", "grace_gamma"))
-        _check_non_negative(self, ("round_jitter_sigma",))
         if self.num_chips % self.num_peers:
             raise ScenarioError(
                 f"num_chips={self.num_chips} is not a multiple of num_peers={self.num_peers}: "

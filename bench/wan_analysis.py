@@ -187,6 +187,7 @@ def run_stats(
         iface = run["iface"][f"peer{i}"]
         stats["tx_bytes"], stats["rx_bytes"] = iface["tx_bytes"], iface["rx_bytes"]
         stats["tx_payload_bytes"] = iface["tx_bytes"] - HEADER_BYTES_PER_PACKET * iface.get("tx_packets", 0)
+        stats["tcp_retrans_segs"] = iface.get("tcp_retrans_segs")
         per_peer.append(stats)
     rounds_done = min(p["rounds"] for p in per_peer)
     tx = statistics.fmean(p["tx_bytes"] for p in per_peer)
@@ -212,6 +213,8 @@ def run_stats(
         "theory_bytes_per_peer": theory,
         "theory_bytes_per_peer_ok_only": theory_ok,
         "wire_bytes_vs_theory": tx / theory if theory else None,
+        "tx_payload_bytes_per_peer": payload,
+        "wall_s": run["wall_s"],
         "bytes_vs_theory": payload / theory if theory else None,
         "tx_bytes_per_peer_per_round": tx / all_rounds if all_rounds else None,
         "exchange_time_vs_bound": {
@@ -221,3 +224,26 @@ def run_stats(
         "exchanges": sum(p["exchanges"] for p in per_peer),
         "consensus_distance": consensus_distance(final_anchors(run_dir, peers)),
     }
+
+
+def add_exchange_bytes(runs: list[dict[str, Any]]) -> None:
+    """Split each run's payload into control plane and exchange, using the same seed's independent run.
+
+    Every node also moves DHT, heartbeat and p2p housekeeping bytes, whatever its method; the
+    independent run moves only those. Their rate (payload bytes per peer per second of the run)
+    times a run's wall time is its control plane, and the rest is what its exchanges moved:
+    `exchange_bytes_vs_theory` compares that with the butterfly theory. (On the --quick model
+    the control plane is ~2% of DiLoCo's payload; on the default model it is ~1%.)
+    """
+    for r in runs:
+        st = r["stats"]
+        base = next(
+            (x["stats"] for x in runs if x["variant"] == "independent" and x["seed"] == r["seed"]), None
+        )
+        theory = st.get("theory_bytes_per_peer")
+        if base is None or not theory or not base.get("wall_s"):
+            st["control_bytes_per_peer"] = st["exchange_bytes_vs_theory"] = None
+            continue
+        control = base["tx_payload_bytes_per_peer"] / base["wall_s"] * st["wall_s"]
+        st["control_bytes_per_peer"] = control
+        st["exchange_bytes_vs_theory"] = (st["tx_payload_bytes_per_peer"] - control) / theory

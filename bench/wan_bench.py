@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from wan_analysis import Evaluator, loss_curve, median, run_stats
+from wan_analysis import Evaluator, add_exchange_bytes, loss_curve, median, run_stats
 from wan_calibration import calibrate, sim_comparison
 from wan_report import markdown, plots
 from wan_runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_config
@@ -133,6 +133,7 @@ def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int
             )  # fmt: skip
             if not args.analyse_only:
                 partial.write_text(json.dumps(kept + runs, indent=1))
+    add_exchange_bytes(runs)
     return {"runs": runs, "num_params": ev.num_params}
 
 
@@ -156,6 +157,7 @@ def summarise(
             "blocked_max_s",
         )
         keys += ("tx_bytes_per_peer", "rx_bytes_per_peer", "theory_bytes_per_peer", "bytes_vs_theory")
+        keys += ("control_bytes_per_peer", "exchange_bytes_vs_theory")
         keys += ("tx_bytes_per_peer_per_round", "consensus_distance")
         s: dict[str, Any] = {k: median([r[k] for r in rs]) for k in keys}
         s["rounds_min"] = min(r["rounds_min"] for r in rs)

@@ -105,8 +105,10 @@ def sanity(summary: dict[str, dict[str, Any]], per_seed: list[dict[str, Any]]) -
         if v not in ("hivemind", "data-parallel")
     }
     known_2 = {v: x for v, x in at_tokens_2.items() if x is not None}
+    # what the exchanges moved (payload less the control plane that every node moves, measured by
+    # the independent run), against theory; the raw payload ratio where there is no such run
     bytes_ratio = {
-        v: s["bytes_vs_theory"]
+        v: s.get("exchange_bytes_vs_theory") or s["bytes_vs_theory"]
         for v, s in summary.items()
         if s.get("bytes_vs_theory") is not None and v != "hivemind"
     }

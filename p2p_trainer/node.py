@@ -317,7 +317,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         if opts.kill_self_at is not None:
             exchange.fault_hook = SelfKill(*opts.kill_self_at)
             peer.on_phase.append(exchange.fault_hook)
-        server = StateServer(transport, run_id)
+        server = StateServer(transport, run_id, on_serve=exchange.fault_hook)
         ckpt = opts.run_dir / "checkpoint.safetensors"
         started = time.monotonic()
         metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})

@@ -10,7 +10,9 @@ phase and round, like a machine that loses power there:
   peer averages its own part: the rest of its group then waits for a part that never comes;
 - "download": a joining peer, once it has announced itself and starts downloading the swarm's
   state (the round is the number of the download attempt, from 1): the swarm has it in view
-  (heartbeat) but it never trains.
+  (heartbeat) but it never trains;
+- "serve": a donor, halfway through sending its state to a joiner (the round is the number of
+  the state it serves, from 1): the joiner must fetch it again from another donor.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import signal
 
 logger = logging.getLogger(__name__)
 
-PHASES = ("inner", "mix1", "exchange", "download")
+PHASES = ("inner", "mix1", "exchange", "download", "serve")
 
 
 def parse_kill_at(text: str) -> tuple[str, int]:

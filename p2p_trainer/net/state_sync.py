@@ -81,9 +81,14 @@ def _payload(snapshot: StateSnapshot) -> bytes:
 class StateServer:
     """Serves this peer's latest outer-state snapshot to joiners."""
 
-    def __init__(self, transport: Transport, run_id: str) -> None:
+    def __init__(
+        self, transport: Transport, run_id: str, on_serve: Callable[[str, int], None] | None = None
+    ) -> None:
         self.transport, self.run_id = transport, run_id
         self.snapshot: StateSnapshot | None = None
+        self.on_serve = on_serve
+        """Called halfway through each payload with ("serve", states served so far): fault injection."""
+        self.served = 0
         transport.run(transport.add_request_handler(STATE_PROTOCOL, self._serve), timeout_s=30)
 
     def publish(self, state: OuterState, step_s: float | None = None, elapsed_s: float = 0.0) -> None:
@@ -111,7 +116,17 @@ class StateServer:
             "step_s": snap.step_s,
         }
         await P2P.send_raw_data(encode_header(header), writer)
-        await P2P.send_raw_data(payload, writer)
+        # one length-prefixed frame, written in two halves so a fault can strike mid-transfer
+        half = len(payload) // 2
+        writer.write(len(payload).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + payload[:half])
+        await writer.drain()
+        self.served += 1
+        if self.on_serve is not None:
+            # p2pd forwards what it was given a moment later: wait, so a fault strikes mid-payload
+            await asyncio.sleep(0.5)
+            self.on_serve("serve", self.served)
+        writer.write(payload[half:])
+        await writer.drain()
         logger.info("served round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
 
 

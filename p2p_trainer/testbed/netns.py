@@ -190,6 +190,9 @@ class LinkCounters:
     """Bytes the host received (downloaded) on its link."""
     tx_packets: int
     rx_packets: int
+    tcp_retrans_segs: int = 0
+    """TCP segments the host sent again (the namespace's Tcp RetransSegs): the part of `tx_bytes`
+    that a shaped link's drops cost, so byte overhead can be split into loss and framing."""
 
     def __sub__(self, other: LinkCounters) -> LinkCounters:
         return LinkCounters(
@@ -197,16 +200,27 @@ class LinkCounters:
             self.rx_bytes - other.rx_bytes,
             self.tx_packets - other.tx_packets,
             self.rx_packets - other.rx_packets,
+            self.tcp_retrans_segs - other.tcp_retrans_segs,
         )
 
 
 _COUNTER_NAMES = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 
 
+def _tcp_retrans_segs(snmp: str) -> int:
+    """RetransSegs from /proc/net/snmp text: a "Tcp:" header line, then a "Tcp:" value line."""
+    rows = [line.split()[1:] for line in snmp.splitlines() if line.startswith("Tcp:")]
+    if len(rows) != 2 or "RetransSegs" not in rows[0]:
+        raise NetnsError("no Tcp RetransSegs in /proc/net/snmp")
+    return int(rows[1][rows[0].index("RetransSegs")])
+
+
 def read_counters(ns: str, dev: str = HOST_IF) -> LinkCounters:
-    """Read /sys/class/net/<dev>/statistics inside `ns` (the namespace's own sysfs view)."""
+    """Read /sys/class/net/<dev>/statistics and /proc/net/snmp inside `ns` (both per namespace)."""
     paths = [f"/sys/class/net/{dev}/statistics/{name}" for name in _COUNTER_NAMES]
     values = [int(v) for v in run_cmd(["ip", "netns", "exec", ns, "cat", *paths]).split()]
     if len(values) != len(_COUNTER_NAMES):
         raise NetnsError(f"unexpected counter output in {ns}: {values}")
-    return LinkCounters(*values)
+    retrans = _tcp_retrans_segs(run_cmd(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"]))
+    tx_bytes, rx_bytes, tx_packets, rx_packets = values
+    return LinkCounters(tx_bytes, rx_bytes, tx_packets, rx_packets, retrans)

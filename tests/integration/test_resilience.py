@@ -20,6 +20,8 @@ import pytest
 from p2p_trainer.config import RunConfig
 from p2p_trainer.local import start_bootstrap, start_peer
 from p2p_trainer.metrics import read_records
+from p2p_trainer.net.identity import load_or_create_identity
+from p2p_trainer.net.state_sync import donor_order
 from p2p_trainer.procs import Child, wait_all
 from p2p_trainer.testbed.config import TestbedConfig, uniform_hosts
 from p2p_trainer.testbed.pytest_fixture import TestbedFactory, testbed_factory
@@ -165,6 +167,39 @@ def test_joiner_killed_during_state_download_does_not_stop_survivors(tmp_path: P
         log = (tmp_path / "peer2" / "log.txt").read_text()
         assert "fault injection: SIGKILL at download" in log and not swarm.rounds(2)
         _survivors_ok(swarm, [0, 1], "SIGKILL of a joiner during its state download (diloco)")
+    finally:
+        swarm.close()
+
+
+def test_donor_killed_mid_transfer_joiner_fetches_from_another(tmp_path: Path) -> None:
+    # Keys made up front, so the test knows which donor the joiner will ask first (`donor_order`
+    # ranks donors at the same round by a hash of both peer ids) and makes that one die halfway
+    # through sending its state.
+    ids = [load_or_create_identity(tmp_path / "keys" / f"peer{i}.key").peer_id for i in range(3)]
+    first = ids.index(donor_order(ids[2], [(ids[0], 5), (ids[1], 5)])[0])
+    other = 1 - first
+    cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
+    limit = ["--max-minutes", "0.8"]
+    swarm = Swarm(tmp_path, cfg, 2, extra={first: [*limit, "--kill-self-at", "serve:1"], other: limit})
+    try:
+        assert wait_until(lambda: all(len(swarm.rounds(i)) >= 3 for i in (0, 1)), 120), "no start"
+        joiner = swarm.start(2, limit)  # it outlives the survivor, whose last rounds then merge with it
+        swarm.note_sockets()
+        assert wait_until(lambda: not swarm.peers[first].alive(), 120), "the first donor did not die"
+        assert swarm.peers[first].proc.returncode == -signal.SIGKILL
+        assert "fault injection: SIGKILL at serve" in (tmp_path / f"peer{first}" / "log.txt").read_text()
+        assert wait_all([joiner], 150) and joiner.proc.returncode == 0, "the joiner did not finish"
+        log = (tmp_path / "peer2" / "log.txt").read_text()
+        failed = [line for line in log.splitlines() if "trying the next donor" in line]
+        assert failed, "the joiner never saw its first donor fail"
+        assert "IncompleteReadError" in failed[0] and "of 8 expected" not in failed[0], (
+            f"the transfer did not break mid-payload: {failed[0]}"
+        )
+        assert f"from {ids[other][-8:]}" in log, "the joiner did not adopt the other donor's state"
+        rounds = swarm.rounds(2)
+        assert rounds and rounds[0]["round"] > 3, "the joiner did not start at the swarm's round"
+        assert sum(_merged(rounds)) >= 3, "the joiner never merged with the survivor"
+        _survivors_ok(swarm, [other], "SIGKILL of a donor halfway through serving its state")
     finally:
         swarm.close()
 

@@ -12,7 +12,13 @@ import time
 import pytest
 
 from p2p_trainer.testbed import HostSpec, TestbedConfig, TestbedConfigError, processes, uniform_hosts
-from p2p_trainer.testbed.netns import LinkCounters, ShaperParams, support_problem
+from p2p_trainer.testbed.netns import (
+    LinkCounters,
+    NetnsError,
+    ShaperParams,
+    _tcp_retrans_segs,
+    support_problem,
+)
 from p2p_trainer.testbed.pytest_fixture import skip_unless_supported
 from p2p_trainer.testbed.stale import _owner_pid
 
@@ -52,6 +58,18 @@ def test_tbf_sizes_follow_the_rate_with_floors() -> None:
 
 def test_counter_difference() -> None:
     assert LinkCounters(10, 20, 3, 4) - LinkCounters(1, 2, 1, 1) == LinkCounters(9, 18, 2, 3)
+    assert (LinkCounters(10, 20, 3, 4, 7) - LinkCounters(1, 2, 1, 1, 2)).tcp_retrans_segs == 5
+
+
+def test_tcp_retransmissions_are_read_from_the_snmp_table() -> None:
+    snmp = (
+        "Ip: Forwarding DefaultTTL\nIp: 2 64\n"
+        "Tcp: RtoAlgorithm RtoMin ActiveOpens OutSegs RetransSegs InErrs\n"
+        "Tcp: 1 200 10 5000 42 0\n"
+    )
+    assert _tcp_retrans_segs(snmp) == 42
+    with pytest.raises(NetnsError, match="RetransSegs"):
+        _tcp_retrans_segs("Ip: Forwarding\nIp: 2\n")
 
 
 def test_stale_names_are_parsed_by_prefix_and_pid() -> None:

@@ -10,7 +10,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from wan_analysis import consensus_distance, loss_at_time, loss_at_tokens, pair_bytes, time_to_loss
+from wan_analysis import (
+    add_exchange_bytes,
+    consensus_distance,
+    loss_at_time,
+    loss_at_tokens,
+    pair_bytes,
+    time_to_loss,
+)
 from wan_targets import sanity, seed_comparison
 
 
@@ -56,3 +63,23 @@ def test_seed_comparison_and_sanity() -> None:
     summary["independent"]["bytes_vs_theory"] = None
     s = sanity(summary, [cmp])
     assert s["data_parallel_best_per_token"] and s["independent_worst_per_token"] and s["bytes_within_5pct"]
+
+
+def test_exchange_bytes_leave_out_the_control_plane_the_independent_run_measured() -> None:
+    def run(variant: str, seed: int, payload: float, wall: float, theory: float) -> dict[str, object]:
+        stats = {"tx_payload_bytes_per_peer": payload, "wall_s": wall, "theory_bytes_per_peer": theory}
+        return {"variant": variant, "seed": seed, "stats": stats}
+
+    runs = [
+        run("independent", 0, 1000.0, 50.0, 0.0),  # 20 bytes/s of DHT, heartbeats, ...
+        run("diloco", 0, 102_000.0, 100.0, 100_000.0),  # 2000 of them control plane
+        run("diloco", 1, 102_000.0, 100.0, 100_000.0),  # no independent run of seed 1
+    ]
+    add_exchange_bytes(runs)
+    diloco0, diloco1 = runs[1]["stats"], runs[2]["stats"]
+    assert isinstance(diloco0, dict) and isinstance(diloco1, dict)
+    assert diloco0["control_bytes_per_peer"] == pytest.approx(2000.0)
+    assert diloco0["exchange_bytes_vs_theory"] == pytest.approx(1.0)
+    assert diloco1["exchange_bytes_vs_theory"] is None
+    summary = {"diloco": {"bytes_vs_theory": 1.02, "exchange_bytes_vs_theory": 1.06}}
+    assert not sanity(summary, [])["bytes_within_5pct"]  # the exchange ratio decides when known

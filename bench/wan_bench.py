@@ -46,15 +46,20 @@ unending schedule, i.e. a constant learning rate, the DiLoCo family falls behind
 training per token in the quick run; the reference comparisons are made with the cosine.)"""
 
 
-def variants(h: int, mix2_every: list[int]) -> list[Variant]:
+def variants(h: int, mix2_every: list[int], align_rounds: bool = True) -> list[Variant]:
+    align = {"align_rounds": align_rounds}  # ours only: the baselines are blocking, which aligns them
     out = [
         Variant("data-parallel", "data-parallel", {"num_inner_steps": 1, **CANONICAL}, snapshot_every=h),
         Variant("diloco", "diloco", CANONICAL),
         Variant("noloco", "noloco", CANONICAL),
-        Variant("factored-mix1", "factored", {"mix2_rounds": 0}),
+        Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align}),
     ]
     out += [
-        Variant(f"factored-mix2-k{k}", "factored", {"mix2_rounds": 1, "mix2_every": k, "mix2_group_size": 0})
+        Variant(
+            f"factored-mix2-k{k}",
+            "factored",
+            {"mix2_rounds": 1, "mix2_every": k, "mix2_group_size": 0, **align},
+        )
         for k in mix2_every
     ]
     return [*out, Variant("independent", "independent"), Variant("hivemind", "hivemind")]
@@ -64,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs") / f"wan-{time.strftime('%Y%m%d-%H%M%S')}")
     p.add_argument("--quick", action="store_true", help="Small model, short runs, one seed, 5 methods.")
+    p.add_argument(
+        "--no-align-rounds",
+        action="store_true",
+        help="Factored variants without round alignment (outer.align_rounds), to measure what it does.",
+    )
     p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--budget-s", type=float, default=None, help="Wall time per run (default 270, quick 40).")
@@ -258,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "load_avg_at_start": os.getloadavg(), "loaded": args.loaded,
+        "load_avg_at_start": os.getloadavg(), "loaded": args.loaded, "align_rounds": not args.no_align_rounds,
         "peers": args.peers, "rate_mbit": args.rate_mbit, "cpu_cores": args.cpu_cores,
     }  # fmt: skip
     if args.scaling:
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     quick_names = ("data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind")
     ks = [2] if args.quick else args.mix2_every
     wanted = args.methods or (quick_names if args.quick else None)
-    vs = [v for v in variants(h, ks) if wanted is None or v.name in wanted]
+    vs = [v for v in variants(h, ks, not args.no_align_rounds) if wanted is None or v.name in wanted]
     spec = SwarmSpec(
         args.peers, args.rate_mbit, args.cpu_cores, budget, timeout_s=15.0 if args.quick else 30.0
     )

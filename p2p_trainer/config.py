@@ -105,7 +105,13 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "noloco": {"outer_lr": 0.7, "outer_momentum": 0.5, "num_inner_steps": 50, "group_size": 2},
     # β = 0.5 as NoLoCo: with pair-sized groups the pseudo-gradient is noisy, and DiLoCo's 0.9 over-amplifies
     # it (measured in-process: 2.502 vs 2.472 nats/byte after 300 steps; see the core issue's closing note).
-    "factored": {"outer_lr": 0.7, "outer_momentum": 0.5, "num_inner_steps": 50, "group_size": 2},
+    "factored": {
+        "outer_lr": 0.7,
+        "outer_momentum": 0.5,
+        "num_inner_steps": 50,
+        "group_size": 2,
+        "align_rounds": True,  # no barrier: round-keyed Mix1 pairs meet only if rounds start together
+    },
     "data-parallel": {"num_inner_steps": 50},
     "independent": {"num_inner_steps": 50},
 }
@@ -151,6 +157,11 @@ class OuterConfig:
     """Floor of the grace window (ours: covers network jitter when steps are very short)."""
     grace_max_s: float = 5.0
     """Cap of the grace window; a survivor's pause is at most `pause_bound_s`."""
+    align_rounds: bool = False
+    """Factored gossip: a peer that starts a round behind the earliest peer of its round (DHT
+    heartbeats) leaves out the inner steps it is late by (at most H − 1), so round starts line up and
+    round-keyed Mix1 pairs meet; token weighting (§5) counts the shorter round less. On by default
+    for factored. Off whenever target_tokens_per_round > 0: constant work fixes each round's tokens."""
     target_tokens_per_round: int = 0
     """T (§6, constant work per round): tokens the whole swarm processes per outer round. Each live
     peer takes an equal share and tops up with extra micro-batches (gradient accumulation) when peers

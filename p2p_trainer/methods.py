@@ -8,6 +8,7 @@ and the peer continues with its own tensors (the "group of one").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -229,6 +230,15 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
 
     def begin_round(self, state: OuterState, weight: float) -> None:
         req = self._request("mix1", state.round, self.cfg.group_size, weight)
+        # Mix1 runs behind the inner steps, so waiting for a partner's contribution costs no compute
+        # until the round ends: its part owners wait for the whole round plus Mix1's grace, not the
+        # blocking window of §4. That window shrinks to grace_min_s once a long Mix2 has been timed,
+        # shorter than a half-model transfer at WAN rates: in the idle WAN bench, Mix1 then failed
+        # in 11-15 of 16 rounds after the first Mix2.
+        cfg = self.cfg
+        behind_s = (self.timing.t_step_s or 0.0) * cfg.num_inner_steps + cfg.mix1_grace_s
+        wait_s = min(cfg.exchange_timeout_s, max(req.grace_s, behind_s))
+        req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
         self._mix1_started = time.monotonic()
         self._mix1 = self.exchange.start(state.anchor, req)
 

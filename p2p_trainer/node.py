@@ -22,6 +22,7 @@ from p2p_trainer.logs import CONTEXT
 from p2p_trainer.metrics import MetricsWriter, read_records, round_record
 from p2p_trainer.model import build_model
 from p2p_trainer.net import records
+from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig
 from p2p_trainer.net.exchange import NetworkExchange
 from p2p_trainer.net.health import PeerHealth
@@ -346,12 +347,24 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         deadline = started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
         rejoin = Rejoin(peer, view, transport, run_id, opts.rejoin_lag_rounds, tokens_per_round)
         regain = RegainSight(view)
+        aligned = cfg.outer.align_rounds and not cfg.outer.target_tokens_per_round  # §6 fixes round tokens
+        aligner = RoundAligner(node.peer_id, cfg.outer.num_inner_steps) if aligned else None
         while peer.state.round < cfg.rounds and not stop.is_set() and time.monotonic() < deadline:
             regain.before_round()
+            view.status.round, view.status.round_started = peer.state.round, records.now()
+            if aligner is not None:
+                late = aligner.steps_to_skip(
+                    peer.state.round, view.status.round_started, view.heartbeats(), peer.timing.t_step_s
+                )
+                peer.skip_steps = max(peer.skip_steps, late)
             CONTEXT.round, CONTEXT.step = peer.state.round, peer.step
             m = peer.run_round()
+            if aligner is not None:
+                aligner.observe(m.wall_s)
             server.publish(peer.state, peer.timing.t_step_s)
-            view.status.round, view.status.tokens_processed = peer.state.round, peer.tokens
+            # the next round starts about now (the loop's top says exactly when)
+            view.status.round, view.status.round_started = peer.state.round, records.now()
+            view.status.tokens_processed = peer.tokens
             view.status.loss = m.train_loss
             view.status.throughput_tokens_per_s = tokens_per_round / max(1e-9, m.wall_s)
             metrics.write(round_record(node.peer_id, m, started))

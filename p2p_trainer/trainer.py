@@ -118,7 +118,11 @@ class Peer:
             blocked_s=report.blocked_s,
             wall_s=time.monotonic() - t_round,
             report=report,
-            extra={"round_tokens": self.tokens - tokens_before, "live_peers": self.work.live},
+            extra={
+                "round_tokens": self.tokens - tokens_before,
+                "live_peers": self.work.live,
+                "skipped_steps": first,
+            },
         )
         if (
             self.cfg.inner.eval_every

@@ -106,6 +106,8 @@ class Heartbeat:
     """DHT time when the record was made."""
     leaving: bool = False
     """A tombstone: the peer left cleanly; `list_live_peers` drops it before its TTL runs out."""
+    round_started: float = 0.0
+    """DHT time when the peer began round `round`; 0 when unknown (peers may line up on it)."""
 
     def encode(self) -> bytes:
         return pack(asdict(self))
@@ -128,6 +130,9 @@ class Heartbeat:
             software_version=_field(fields, "software_version", str),
             timestamp=float(_non_negative(fields, "timestamp", (int, float))),
             leaving=leaving,
+            round_started=float(_non_negative(fields, "round_started", (int, float)))
+            if "round_started" in fields
+            else 0.0,
         )
 
 

@@ -28,6 +28,8 @@ class PeerStatus:
     tokens_processed: int = 0
     loss: float | None = None
     throughput_tokens_per_s: float = 0.0
+    round_started: float = 0.0
+    """DHT time when this peer began `round` (0: not yet)."""
 
 
 class SwarmView:
@@ -54,6 +56,7 @@ class SwarmView:
             software_version=__version__,
             timestamp=records.now(),
             leaving=leaving,
+            round_started=st.round_started,
         )
 
     def _refresh(self) -> None:

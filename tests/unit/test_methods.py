@@ -8,9 +8,10 @@ import torch
 
 from p2p_trainer import outer
 from p2p_trainer.config import OuterConfig
+from p2p_trainer.exchange import ExchangeRequest, Ok
 from p2p_trainer.groups import group_seed, partition
 from p2p_trainer.inprocess import InProcessSwarm
-from p2p_trainer.methods import OuterState, RoundReport, build_method
+from p2p_trainer.methods import OuterState, RoundReport, build_method, grace_tracker
 
 
 def _peers(n: int, seed: int = 0) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
@@ -132,3 +133,55 @@ def test_failed_exchange_keeps_own_update() -> None:
     for a, e in zip(state.anchor, expect, strict=True):
         torch.testing.assert_close(a, e)
     assert state.round == 1
+
+
+class _Recorder:
+    """An exchange that records requests and averages with nobody (enough to see the windows)."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExchangeRequest] = []
+
+    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> _Done:
+        self.requests.append(request)
+        return _Done(tensors)
+
+    def average(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> Ok:
+        self.requests.append(request)
+        return Ok(list(tensors), group_size=2, total_weight=2.0, quorum_s=0.1, sync_s=8.0)  # a long Mix2
+
+    def num_live_peers(self) -> int:
+        return 2
+
+    def close(self) -> None:
+        pass
+
+
+class _Done:
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout_s: float) -> Ok:
+        return Ok(list(self.tensors), group_size=2, total_weight=2.0)
+
+
+def test_mix1_waits_for_its_partner_all_round_even_after_a_long_mix2_shrank_the_grace_window() -> None:
+    cfg = OuterConfig.for_method(
+        "factored", num_inner_steps=10, mix2_every=1, grace_min_s=1.0, grace_max_s=5.0, mix1_grace_s=2.0
+    )
+    rec = _Recorder()
+    timing = grace_tracker(cfg)
+    method = build_method(cfg, rec, timing)
+    anchors, fast = _peers(1)
+    state = OuterState(anchor=anchors[0], momentum=[torch.zeros_like(a) for a in anchors[0]])
+    for _ in range(2):
+        timing.observe_step(0.5)
+        method.begin_round(state, 1.0)
+        method.end_round([f.clone() for f in fast[0]], state, 1.0, RoundReport(state.round))
+    mix1 = [r for r in rec.requests if r.tag == "mix1"]
+    mix2 = [r for r in rec.requests if r.tag == "mix2"]
+    assert mix2[-1].grace_s == 1.0  # the blocking window after an 8 s sync: grace_min_s
+    assert mix1[-1].grace_s == 10 * 0.5 + 2.0  # H steps plus Mix1's grace
+    assert mix1[-1].result_wait_s >= mix1[-1].grace_s

@@ -1,0 +1,68 @@
+"""Round alignment (outer.align_rounds): how many inner steps a late peer leaves out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgpack
+import pytest
+
+from p2p_trainer.config import OuterConfig
+from p2p_trainer.net.align import RoundAligner, steps_late
+from p2p_trainer.net.records import Heartbeat, RecordError
+
+ME = "12D3KooWme"
+
+
+def beat(peer: str, rnd: int, started: float, leaving: bool = False) -> Heartbeat:
+    return Heartbeat(peer, rnd, 0, None, 0.0, "0.1.0", started + 1.0, leaving=leaving, round_started=started)
+
+
+def late(beats: list[Heartbeat], my_start: float = 100.0, my_round: int = 7) -> int:
+    # round 5 s, step 0.5 s, H = 10
+    return steps_late(my_round, my_start, beats, ME, round_s=5.0, step_s=0.5, num_inner_steps=10)
+
+
+def test_a_peer_behind_the_earliest_start_of_its_round_leaves_out_the_steps_it_is_late_by() -> None:
+    assert late([beat("a", 7, 98.9), beat("b", 7, 99.8)]) == 2  # 1.1 s behind a: 2 whole steps
+    assert late([beat("a", 7, 99.8)]) == 0  # less than a step: nothing to gain
+    assert late([beat("a", 7, 101.0)]) == 0  # the others are behind: they catch up, not us
+
+
+def test_a_peer_a_round_ahead_is_extrapolated_one_behind_is_not() -> None:
+    assert late([beat("a", 8, 103.0)]) == 4  # started 8 at 103, so 7 at about 98: 2 s late
+    # behind, or its heartbeat predates its start of round 7: no guess (a long Mix2 round would
+    # make one too early)
+    assert late([beat("a", 6, 94.0)]) == 0
+    assert late([beat("a", 9, 50.0), beat("b", 3, 50.0)]) == 0  # rejoin's business
+
+
+def test_never_a_whole_round_and_not_for_self_leavers_or_unknown_starts() -> None:
+    assert late([beat("a", 7, 80.0)]) == 9  # at most H - 1
+    assert late([beat(ME, 7, 90.0), beat("a", 7, 90.0, leaving=True), beat("b", 7, 0.0)]) == 0
+    assert steps_late(7, 100.0, [beat("a", 7, 90.0)], ME, round_s=5.0, step_s=0.0, num_inner_steps=10) == 0
+
+
+def test_aligner_waits_for_a_round_time_estimate() -> None:
+    aligner = RoundAligner(ME, num_inner_steps=10)
+    beats = [beat("a", 7, 98.0)]
+    assert aligner.steps_to_skip(7, 100.0, beats, step_s=0.5) == 0  # no round seen yet
+    aligner.observe(5.0)
+    assert aligner.steps_to_skip(7, 100.0, beats, step_s=0.5) == 4
+    assert aligner.steps_to_skip(7, 100.0, beats, step_s=None) == 0
+
+
+def test_round_started_travels_in_heartbeats_and_is_validated() -> None:
+    b = beat("a", 7, 98.5)
+    assert Heartbeat.decode(b.encode()).round_started == 98.5
+    old = msgpack.unpackb(b.encode())
+    del old["round_started"]  # a peer of an earlier version
+    assert Heartbeat.decode(msgpack.packb(old)).round_started == 0.0
+    with pytest.raises(RecordError, match="round_started"):
+        Heartbeat.decode(replace(b, round_started=float("nan")).encode())
+
+
+def test_alignment_is_on_for_factored_only_by_default() -> None:
+    assert OuterConfig.for_method("factored").align_rounds
+    assert not OuterConfig.for_method("noloco").align_rounds
+    assert not OuterConfig.for_method("factored", align_rounds=False).align_rounds

@@ -116,16 +116,18 @@ class StateServer:
             "step_s": snap.step_s,
         }
         await P2P.send_raw_data(encode_header(header), writer)
-        # one length-prefixed frame, written in two halves so a fault can strike mid-transfer
-        half = len(payload) // 2
-        writer.write(len(payload).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + payload[:half])
+        # one length-prefixed frame (P2P.send_raw_data's framing), written in two halves so a fault
+        # can strike mid-transfer; memoryview slices, so the state is not copied
+        view, half = memoryview(payload), len(payload) // 2
+        writer.write(len(payload).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+        writer.write(view[:half])
         await writer.drain()
         self.served += 1
         if self.on_serve is not None:
             # p2pd forwards what it was given a moment later: wait, so a fault strikes mid-payload
             await asyncio.sleep(0.5)
             self.on_serve("serve", self.served)
-        writer.write(payload[half:])
+        writer.write(view[half:])
         await writer.drain()
         logger.info("served round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
 

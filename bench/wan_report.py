@@ -20,7 +20,13 @@ def markdown(results: dict[str, Any]) -> str:
         f"{', '.join(f'{x:.1f}' for x in meta.get('load_avg_at_end', ()))}",
         "",
         f"{meta['peers']} peers, {meta['rate_mbit']:g} Mbit/s links, {meta['cpu_cores']:g}-core caps, "
-        f"H = {meta['inner_steps']}, {meta['budget_s']:.0f} s per run, seeds {meta['seeds']}, "
+        f"H = {meta['inner_steps']}, {meta['budget_s']:.0f} s per run"
+        + (
+            f" (compared at that time; a run goes on until its slowest peer has {meta['min_rounds']} rounds)"
+            if meta.get("min_rounds")
+            else ""
+        )
+        + f", seeds {meta['seeds']}, "
         f"{meta['num_params']} parameters; medians over seeds."
         + (" **Measured while the machine was loaded by other jobs.**" if meta.get("loaded") else ""),
         "",

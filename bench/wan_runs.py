@@ -2,7 +2,8 @@
 
 Used by wan_bench.py. A `Variant` is a method with its settings (our `join` peers or the
 hivemind.Optimizer baseline); `run_swarm` starts a fresh testbed for it, runs every peer for the
-wall-time budget, reads every peer's interface counters, and removes the testbed.
+wall-time budget (longer where `min_rounds` asks for it), reads every peer's interface counters,
+and removes the testbed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -45,7 +47,13 @@ class SwarmSpec:
     rate_mbit: float
     cpu_cores: float
     budget_s: float
-    """Wall-time budget of every peer (its --max-minutes)."""
+    """Wall-time budget of every peer (its --max-minutes), and the time at which methods are compared."""
+    min_rounds: int = 0
+    """A run whose slowest peer has fewer rounds than this at the budget goes on until it has them
+    (then every peer gets SIGTERM), up to `max_budget_s`: so a slow method (hivemind's, DiLoCo's
+    blocking rounds) still gets enough rounds to be judged, while the comparison time stays `budget_s`."""
+    max_budget_s: float = 0.0
+    """Hard wall-time cap of a run extended by `min_rounds` (0: 2.5 x budget_s)."""
     boot_cpu_cores: float = 0.2
     timeout_s: float = 30.0
     """Exchange timeout (ours) and averaging timeout (hivemind's): bounds the wait of a peer whose
@@ -89,7 +97,7 @@ def _peer_argv(
     v: Variant, i: int, config: Path, initial: str, tb: Testbed, out: Path, spec: SwarmSpec
 ) -> list[str]:
     peer_dir = out / f"peer{i}"
-    minutes = f"{spec.budget_s / 60:.4f}"
+    minutes = f"{peer_budget_s(spec) / 60:.4f}"
     if v.method == "hivemind":
         argv = [sys.executable, str(REPO / "bench" / "hivemind_optimizer_peer.py"), "--config", str(config)]
         argv += [
@@ -115,6 +123,21 @@ def _peer_argv(
     return [*argv, "--max-minutes", minutes, "--snapshot-every", str(v.snapshot_every)]
 
 
+def peer_budget_s(spec: SwarmSpec) -> float:
+    """Each peer's own --max-minutes: the budget, or the cap when the harness may extend the run."""
+    if spec.min_rounds <= 0:
+        return spec.budget_s
+    return spec.max_budget_s or 2.5 * spec.budget_s
+
+
+def rounds_logged(metrics: Path) -> int:
+    """Round records a peer has written so far (its metrics.jsonl is appended a line per record)."""
+    try:
+        return metrics.read_bytes().count(b'"kind": "round"')
+    except FileNotFoundError:
+        return 0
+
+
 def run_swarm(v: Variant, cfg: RunConfig, spec: SwarmSpec, out: Path) -> dict[str, Any]:
     """Run one variant; returns per-peer interface byte counts and the run's wall time."""
     out.mkdir(parents=True, exist_ok=True)
@@ -134,14 +157,28 @@ def run_swarm(v: Variant, cfg: RunConfig, spec: SwarmSpec, out: Path) -> dict[st
             log = open(out / f"peer{i}.log", "wb")
             argv = _peer_argv(v, i, config, initial, tb, out, spec)
             procs.append(tb.run(f"h{i}", argv, env={"PYTHONPATH": str(REPO)}, stdout=log, stderr=log))
-        limit = time.monotonic() + spec.budget_s + 150.0  # start-up, final evaluation, shutdown
+        launched = time.monotonic()
+        limit = launched + peer_budget_s(spec) + 150.0  # start-up, final evaluation, shutdown
+        stop_s: float | None = None
         while any(p.poll() is None for p in procs) and time.monotonic() < limit:
             time.sleep(1.0)
+            elapsed = time.monotonic() - launched
+            if stop_s is None and spec.min_rounds > 0 and elapsed >= spec.budget_s:
+                fewest = min(rounds_logged(out / f"peer{i}" / "metrics.jsonl") for i in range(spec.peers))
+                if fewest >= spec.min_rounds:
+                    # enough rounds: a clean stop (SIGTERM checkpoints and exits) for all at once,
+                    # so no peer is left waiting out an exchange with one that has gone
+                    stop_s = elapsed
+                    logger.info("  %.0f s: every peer has >= %d rounds, stopping", elapsed, spec.min_rounds)
+                    for p in procs:
+                        if p.poll() is None:
+                            p.send_signal(signal.SIGTERM)
         counters = {name: tb.counters(name) - c for name, c in before.items()}
         codes = [p.poll() for p in procs]
     result = {
         "variant": v.name,
         "wall_s": time.monotonic() - started,
+        "stop_s": stop_s if stop_s is not None else peer_budget_s(spec),
         "exit_codes": codes,
         "iface": {f"peer{i}": dataclasses.asdict(counters[f"h{i}"]) for i in range(spec.peers)},
     }

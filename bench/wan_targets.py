@@ -11,7 +11,8 @@ Curve = list[dict[str, float]]
 
 def seed_comparison(curves: dict[str, Curve], budget_s: float) -> dict[str, Any]:
     """At equal wall time (the budget; a run that finished its schedule earlier keeps its final
-    loss) and at equal tokens (the fewest tokens any method processed)."""
+    loss) and at equal tokens (the fewest tokens any method processed). "DiLoCo's final loss" is
+    its loss at the budget, as every method ran at least that long."""
     have = {k: c for k, c in curves.items() if c}
     if not have:
         return {}
@@ -27,7 +28,10 @@ def seed_comparison(curves: dict[str, Curve], budget_s: float) -> dict[str, Any]
         "methods": {},
     }
     dl = have.get("diloco")
-    dl_final = dl[-1]["val_loss"] if dl else None
+    # DiLoCo at the comparison time: its run may go on past it to reach --min-rounds
+    dl_at = [p for p in dl if p["time_s"] <= t_eq] if dl else []
+    dl_final = dl_at[-1]["val_loss"] if dl_at else None
+    dl_tokens = dl_at[-1]["tokens"] if dl_at else None
     dl_time = time_to_loss(dl, dl_final) if dl and dl_final is not None else None
     for name, c in have.items():
         out["methods"][name] = {
@@ -36,7 +40,7 @@ def seed_comparison(curves: dict[str, Curve], budget_s: float) -> dict[str, Any]
             "loss_at_equal_time": loss_at_time(c, t_eq),
             "loss_at_equal_tokens": loss_at_tokens(c, tok_eq),
             "loss_at_equal_tokens_2": loss_at_tokens(c, tok_eq2),
-            "loss_at_diloco_tokens": loss_at_tokens(c, dl[-1]["tokens"]) if dl else None,
+            "loss_at_diloco_tokens": loss_at_tokens(c, dl_tokens) if dl_tokens else None,
             "time_to_diloco_final_s": time_to_loss(c, dl_final) if dl_final is not None else None,
         }
     out["diloco_final_loss"], out["diloco_time_to_final_s"] = dl_final, dl_time

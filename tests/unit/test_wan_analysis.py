@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from wan_analysis import (
     pair_bytes,
     time_to_loss,
 )
+from wan_runs import SwarmSpec, peer_budget_s, rounds_logged
 from wan_targets import sanity, seed_comparison
 
 
@@ -63,6 +65,34 @@ def test_seed_comparison_and_sanity() -> None:
     summary["independent"]["bytes_vs_theory"] = None
     s = sanity(summary, [cmp])
     assert s["data_parallel_best_per_token"] and s["independent_worst_per_token"] and s["bytes_within_5pct"]
+
+
+def test_a_diloco_run_extended_past_the_budget_is_compared_at_the_budget() -> None:
+    # DiLoCo went on to 150 s (to reach --min-rounds); its "final" for the targets is at 100 s
+    curves = {
+        "diloco": _curve([(50, 200, 3.0), (100, 400, 2.6), (150, 600, 2.3)]),
+        "factored-mix1": _curve([(40, 300, 2.9), (70, 600, 2.5), (100, 900, 2.2)]),
+    }
+    cmp = seed_comparison(curves, budget_s=100)
+    assert cmp["diloco_final_loss"] == 2.6 and cmp["diloco_time_to_final_s"] == 100
+    m = cmp["methods"]["factored-mix1"]
+    assert m["time_to_diloco_final_s"] == 70
+    assert m["loss_at_diloco_tokens"] == pytest.approx(2.9 - 0.4 * 100 / 300)  # at DiLoCo's 400 tokens
+    assert (
+        cmp["methods"]["diloco"]["final_loss"] == 2.3
+        and cmp["methods"]["diloco"]["loss_at_equal_time"] == 2.6
+    )
+
+
+def test_rounds_logged_counts_round_records_only(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    assert rounds_logged(metrics) == 0  # not written yet
+    metrics.write_text('{"kind": "round", "round": 0}\n{"kind": "eval"}\n{"kind": "round", "round": 1}\n')
+    assert rounds_logged(metrics) == 2
+    spec = SwarmSpec(4, 10.0, 0.45, 100.0)
+    assert peer_budget_s(spec) == 100.0
+    assert peer_budget_s(dataclasses.replace(spec, min_rounds=30)) == 250.0
+    assert peer_budget_s(dataclasses.replace(spec, min_rounds=30, max_budget_s=400.0)) == 400.0
 
 
 def test_exchange_bytes_leave_out_the_control_plane_the_independent_run_measured() -> None:

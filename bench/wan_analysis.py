@@ -173,13 +173,46 @@ def _peer_stats(
     return stats, blocked, ratios
 
 
+def group_transfer_ratios(
+    peers_recs: list[list[dict[str, Any]]], window_s: float, rate_mbit: float, num_params: int
+) -> dict[str, list[float]]:
+    """Per tag, each complete group exchange's time from its last member's start to its last
+    member's result, over bytes / link rate.
+
+    A peer's own `elapsed_s` also counts the wait for members that reached the exchange later
+    (compute skew: blocked time, reported as such). Here the exchange is timed from the moment the
+    whole group was in it, by lining the members' records up on the clock the bench's peers share
+    (`started_unix`) under the group key they share. Exchanges that left a member out are skipped.
+    """
+    by_key: dict[str, list[tuple[str, int, float, float]]] = {}
+    for recs in peers_recs:
+        for r in recs:
+            if r.get("kind") != "round" or r["time_s"] > window_s:
+                continue
+            for e in r["exchanges"]:
+                if e["ok"] and e.get("group") and e.get("started_unix"):
+                    start = e["started_unix"]
+                    by_key.setdefault(e["group"], []).append(
+                        (e["tag"], e["group_size"], start, start + e["elapsed_s"])
+                    )
+    out: dict[str, list[float]] = {}
+    for members in by_key.values():
+        tag, g = members[0][0], members[0][1]
+        if g < 2 or len(members) != g or any(m[1] != g for m in members):
+            continue
+        span = max(m[3] for m in members) - max(m[2] for m in members)
+        out.setdefault(tag, []).append(span / (pair_bytes(g, num_params) * 8 / (rate_mbit * 1e6)))
+    return out
+
+
 def run_stats(
     run_dir: Path, run: dict[str, Any], peers: int, rate_mbit: float, budget_s: float, num_params: int
 ) -> dict[str, Any]:
     """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus."""
-    per_peer, blocked, ratios = [], [], {}
+    per_peer, blocked, ratios, peers_recs = [], [], {}, []
     for i in range(peers):
         recs = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
+        peers_recs.append(recs)
         stats, b, r = _peer_stats(recs, budget_s, peers, rate_mbit, num_params)
         blocked += b
         for tag, v in r.items():
@@ -219,6 +252,10 @@ def run_stats(
         "tx_bytes_per_peer_per_round": tx / all_rounds if all_rounds else None,
         "exchange_time_vs_bound": {
             tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95)} for tag, v in ratios.items()
+        },
+        "transfer_time_vs_bound": {
+            tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95), "n": len(v)}
+            for tag, v in group_transfer_ratios(peers_recs, budget_s, rate_mbit, num_params).items()
         },
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),
         "exchanges": sum(p["exchanges"] for p in per_peer),

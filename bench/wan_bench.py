@@ -184,6 +184,10 @@ def summarise(
         s["exchange_time_vs_bound"] = {
             t: median([r["exchange_time_vs_bound"].get(t, {}).get("p50") for r in rs]) for t in sorted(tags)
         }
+        ttags = {t for r in rs for t in r.get("transfer_time_vs_bound", {})}
+        s["transfer_time_vs_bound"] = {
+            t: median([r["transfer_time_vs_bound"].get(t, {}).get("p50") for r in rs]) for t in sorted(ttags)
+        }
         for k in (
             "loss_at_equal_time",
             "loss_at_equal_tokens",

@@ -31,12 +31,16 @@ def markdown(results: dict[str, Any]) -> str:
         + (" **Measured while the machine was loaded by other jobs.**" if meta.get("loaded") else ""),
         "",
         "| method | val loss at equal time | at equal tokens | final | tokens | utilisation | compute s/step "
-        "| blocked/round p50 / p95 / max (s) | MB sent/peer | bytes vs theory | exchange / bound (p50) "
-        "| consensus dist. | rounds (min) | time to DiLoCo's final (s) |",
+        "| blocked/round p50 / p95 / max (s) | MB sent/peer | bytes vs theory | exchange / bound (p50): "
+        "per peer; whole group in | consensus dist. | rounds (min) | time to DiLoCo's final (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v, s in summary.items():
-        ex = ", ".join(f"{t} {_f(r, '.2f')}" for t, r in s.get("exchange_time_vs_bound", {}).items())
+        tr = s.get("transfer_time_vs_bound", {})
+        ex = ", ".join(
+            f"{t} {_f(r, '.2f')}; {_f(tr.get(t), '.2f')}"
+            for t, r in s.get("exchange_time_vs_bound", {}).items()
+        )
         lines.append(
             f"| {v} | {_f(s.get('loss_at_equal_time'))} | {_f(s.get('loss_at_equal_tokens'))} "
             f"| {_f(s.get('final_loss'))} | {_f(s.get('final_tokens'), '.3g')} | {_f(s.get('utilisation'))} "

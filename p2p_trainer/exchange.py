@@ -43,6 +43,10 @@ class Ok:
     """Time from the start of the exchange to its quorum (for the grace window's EMA, §4)."""
     sync_s: float = 0.0
     """Time from the end of the own part's averaging to the complete result."""
+    started_unix: float = 0.0
+    """Wall-clock start (time.time()): a bench whose peers share one clock lines members up with it."""
+    group_key: str = ""
+    """The group's exchange key, the same for every member ("" where there is no group)."""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ class ExchangeRecord:
     left_out: tuple[str, ...] = ()
     own_parts: int = 0
     late_parts: int = 0
+    started_unix: float = 0.0
+    group: str = ""
+    """The exchange's group key: members' records of one exchange share it (benches line them up)."""
 
     @property
     def merged(self) -> bool:
@@ -81,6 +84,8 @@ class RoundReport:
                 left_out=res.left_out,
                 own_parts=res.own_parts,
                 late_parts=res.late_parts,
+                started_unix=res.started_unix,
+                group=res.group_key,
             )
             if res.left_out:
                 logger.info("round %d: %s left out %s", self.round, tag, ", ".join(res.left_out))

@@ -42,6 +42,8 @@ def round_record(peer_id: str, m: RoundMetrics, started: float) -> dict[str, Any
                 "left_out": list(e.left_out),
                 "own_parts": e.own_parts,
                 "late_parts": e.late_parts,
+                "started_unix": round(e.started_unix, 4),
+                "group": e.group,
             }
             for e in ex
         ],

@@ -275,7 +275,7 @@ async def butterfly_average(
     contributed: Callable[[], None] | None = None,
 ) -> ExchangeResult:
     """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered."""
-    started = time.monotonic()
+    started, started_unix = time.monotonic(), time.time()
     n, me = len(group.members), group.members.index(group.me)
     bounds = part_bounds(flat.numel(), n)
     data = flat.detach().to(torch.float32).contiguous().numpy()
@@ -330,4 +330,6 @@ async def butterfly_average(
         late_parts=late_parts,
         quorum_s=arrivals.quorum_s,
         sync_s=time.monotonic() - own_done,
+        started_unix=started_unix,
+        group_key=group.key,
     )

@@ -16,6 +16,7 @@ survivors merge all parts but the dead peer's from the next round on.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import hashlib
 import math
@@ -58,19 +59,7 @@ class _Pending:
         except concurrent.futures.TimeoutError:
             return Failed(f"not finished within {timeout_s:.1f} s")
         if isinstance(res, Ok):
-            return Ok(
-                _unflatten(res.tensors[0], self.like),
-                res.group_size,
-                res.total_weight,
-                res.bytes_sent,
-                res.bytes_received,
-                res.elapsed_s,
-                res.left_out,
-                res.own_parts,
-                res.late_parts,
-                res.quorum_s,
-                res.sync_s,
-            )
+            return dataclasses.replace(res, tensors=_unflatten(res.tensors[0], self.like))
         return res
 
 

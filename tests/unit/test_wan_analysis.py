@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from wan_analysis import (
     add_exchange_bytes,
     consensus_distance,
+    group_transfer_ratios,
     loss_at_time,
     loss_at_tokens,
     pair_bytes,
@@ -93,6 +94,27 @@ def test_rounds_logged_counts_round_records_only(tmp_path: Path) -> None:
     assert peer_budget_s(spec) == 100.0
     assert peer_budget_s(dataclasses.replace(spec, min_rounds=30)) == 250.0
     assert peer_budget_s(dataclasses.replace(spec, min_rounds=30, max_budget_s=400.0)) == 400.0
+
+
+def test_group_transfer_is_timed_from_the_last_members_start() -> None:
+    def rnd(t: float, *exchanges: tuple[str, str, int, float, float, bool]) -> dict[str, object]:
+        ex = [
+            {"tag": tag, "group": key, "group_size": g, "started_unix": start, "elapsed_s": el, "ok": ok}
+            for tag, key, g, start, el, ok in exchanges
+        ]
+        return {"kind": "round", "time_s": t, "exchanges": ex}
+
+    bound = pair_bytes(2, 1000) * 8 / 1e6  # 1 Mbit/s: 0.032 s
+    peers = [
+        # exchange a: peer 0 started 1 s before peer 1; the pair was in at 101, done at 101.064
+        [rnd(10, ("mix1", "a", 2, 100.0, 1.064, True)), rnd(20, ("mix1", "b", 2, 200.0, 0.5, True))],
+        [rnd(10, ("mix1", "a", 2, 101.0, 0.060, True)), rnd(20, ("mix1", "b", 1, 200.0, 0.5, True))],
+        [rnd(10, ("mix1", "c", 2, 300.0, 0.1, True)), rnd(99, ("mix1", "d", 2, 400.0, 0.1, True))],
+        [rnd(10, ("mix1", "c", 2, 300.0, 0.1, False))],
+    ]
+    # b left peer 1 out (group of 1 in its record), c failed on one side, d is past the window
+    ratios = group_transfer_ratios(peers, window_s=50, rate_mbit=1.0, num_params=1000)
+    assert ratios == {"mix1": [pytest.approx(0.064 / bound)]}
 
 
 def test_exchange_bytes_leave_out_the_control_plane_the_independent_run_measured() -> None:

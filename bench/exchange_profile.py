@@ -1,0 +1,231 @@
+"""Where an exchange's time goes on the WAN testbed: our butterfly over p2pd vs plain TCP vs the bound.
+
+    sudo PYTHONPATH=. python bench/exchange_profile.py [--peers 2 4] [--rounds 6]
+
+Issue 4's target is exchange time <= 1.15 x bytes / link rate. The WAN bench's per-peer
+`elapsed_s` also counts waiting for the group's last member, so this bench takes the peers out and
+times the exchange itself: N member processes (hivemind DHT + p2pd + our Transport, the real
+stack), each in its own namespace on a capped link and CPU quota, run `butterfly_average` on the
+default model's parameter count at start times agreed in advance (the hosts share one clock).
+Per exchange it reports the member-averaged time from its own start (the same moment for all) to
+its own result, against the bound, in four conditions:
+
+- idle: the members do nothing else (DiLoCo's blocking exchange);
+- busy: each member also runs the default model's training steps in its main thread, as during
+  factored gossip's non-blocking Mix1 (the transport's loop thread and p2pd share the quota);
+- a plain TCP stream of the same bytes per host (the testbed's own floor, no p2pd).
+
+Prints ratios against the bound and against plain TCP, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+GROUP_KEY = "exchange-profile"
+
+
+# ------------------------------------------------------------------------------------------- member
+def _busy_training(stop: threading.Event, steps: list[float]) -> None:
+    """The default model's inner steps on random bytes, single-threaded, until `stop`."""
+    import torch
+
+    from p2p_trainer.config import ModelConfig
+    from p2p_trainer.model import build_model
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig()
+    model = build_model(cfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    while not stop.is_set():
+        t0 = time.monotonic()
+        x = torch.randint(0, cfg.vocab_size, (16, cfg.seq_len + 1), generator=gen)
+        loss = model(x[:, :-1], x[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        steps.append(time.monotonic() - t0)
+
+
+def member(args: argparse.Namespace) -> int:
+    import hivemind
+    import numpy as np
+    import torch
+    from hivemind.utils import get_dht_time
+
+    from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+    from p2p_trainer.net.transport import Transport
+
+    dht = hivemind.DHT(
+        initial_peers=args.initial_peer,
+        host_maddrs=[f"/ip4/0.0.0.0/tcp/{args.port}"],
+        announce_maddrs=[f"/ip4/{args.address}/tcp/{args.port}"],
+        start=True,
+    )
+    transport = Transport(dht, max_payload_bytes=4 * args.floats + 1024)
+    print(json.dumps({"maddrs": [str(m) for m in dht.get_visible_maddrs()]}), flush=True)
+    dht.store(GROUP_KEY, transport.peer_id, get_dht_time() + 600, subkey=args.index)
+    members: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(members) < args.n and time.monotonic() < deadline:
+        found = dht.get(GROUP_KEY, latest=True)
+        members = sorted(v.value for v in found.value.values()) if found is not None else []
+        time.sleep(0.2)
+    if len(members) < args.n:
+        print(json.dumps({"error": f"saw {len(members)} of {args.n} members"}), flush=True)
+        return 1
+    stop, steps = threading.Event(), []
+    if args.busy:
+        threading.Thread(target=_busy_training, args=(stop, steps), daemon=True).start()
+    flat = torch.from_numpy(np.random.default_rng(args.index).standard_normal(args.floats).astype(np.float32))
+    for k in range(args.rounds):
+        start_at = args.t0 + k * args.period_s
+        time.sleep(max(0.0, start_at - time.time()))
+        group = GroupSpec(key=f"{GROUP_KEY}|{k}", members=members, me=transport.peer_id)
+        began = time.time()
+        res = transport.run(
+            butterfly_average(transport, group, flat, 1.0, time.monotonic() + args.period_s),
+            args.period_s + 5,
+        )
+        row = {"round": k, "late_start_s": began - start_at, "elapsed_s": res.elapsed_s}
+        row.update({"ok": res.group_size == args.n} if hasattr(res, "group_size") else {"ok": False})
+        row["step_s"] = statistics.median(steps[-20:]) if steps else None
+        print(json.dumps(row), flush=True)
+    stop.set()
+    transport.close()
+    dht.shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- harness
+def _members(tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float) -> list[dict[str, Any]]:
+    base = [sys.executable, str(Path(__file__).resolve()), "member", "--n", str(n), "--floats", str(floats)]
+    base += ["--rounds", str(rounds), "--period-s", str(period_s)] + (["--busy"] if busy else [])
+    t0 = time.time() + 40.0  # DHT start, joins and the member list take ~15-25 s on 2 cores
+    procs = []
+    first_maddr: str | None = None
+    for i in range(n):
+        argv = [
+            *base,
+            "--index",
+            str(i),
+            "--address",
+            tb.address(f"h{i}"),
+            "--port",
+            "31400",
+            "--t0",
+            str(t0),
+        ]
+        if first_maddr is not None:
+            argv += ["--initial-peer", first_maddr]
+        p = tb.run(f"h{i}", argv, env={"PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        if i == 0:
+            line = p.stdout.readline()  # type: ignore[union-attr]
+            maddrs = json.loads(line)["maddrs"]
+            first_maddr = next(m for m in maddrs if tb.address("h0") in m)
+    rows = []
+    for i, p in enumerate(procs):
+        out, _ = p.communicate(timeout=t0 - time.time() + rounds * period_s + 60)
+        for line in out.splitlines():
+            r = json.loads(line)
+            if "round" in r:
+                rows.append({"member": i, **r})
+            elif "error" in r:
+                raise RuntimeError(f"member {i}: {r['error']}")
+    return rows
+
+
+def _tcp_floor(tb: Any, n: int, nbytes: int) -> float:
+    """Median over hosts of a plain TCP stream's time, all hosts sending at once (a ring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from p2p_trainer.testbed import measure_transfer
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futs = [pool.submit(measure_transfer, tb, f"h{i}", f"h{(i + 1) % n}", nbytes) for i in range(n)]
+        return statistics.median(f.result().elapsed_s for f in futs)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="mode")
+    m = sub.add_parser("member")
+    for flag, typ in (("--n", int), ("--index", int), ("--floats", int), ("--rounds", int), ("--port", int)):
+        m.add_argument(flag, type=typ, required=True)
+    m.add_argument("--address", required=True)
+    m.add_argument("--t0", type=float, required=True)
+    m.add_argument("--period-s", type=float, required=True)
+    m.add_argument("--initial-peer", action="append", default=[])
+    m.add_argument("--busy", action="store_true")
+    p.add_argument("--peers", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rate-mbit", type=float, default=10.0)
+    p.add_argument("--cpu-cores", type=float, default=0.45)
+    p.add_argument(
+        "--floats", type=int, default=837_888, help="Vector length (default: the default model's)."
+    )
+    p.add_argument("--out", type=Path, default=None, help="Write the rows and summary here as JSON.")
+    args = p.parse_args()
+    if args.mode == "member":
+        return member(args)
+
+    from p2p_trainer.testbed import Testbed, TestbedConfig, support_problem
+    from p2p_trainer.testbed.config import HostSpec
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    problem = support_problem()
+    if problem is not None:
+        print(f"cannot run the WAN testbed here: {problem}")
+        return 2
+    summary = []
+    for n in args.peers:
+        nbytes = 2 * (n - 1) / n * 4 * args.floats  # each way, per member (ALGORITHMS.md §8)
+        bound_s = nbytes * 8 / (args.rate_mbit * 1e6)
+        period = 2.5 * bound_s + 3.0
+        hosts = tuple(HostSpec(f"h{i}", args.rate_mbit, args.rate_mbit, args.cpu_cores) for i in range(n))
+        with Testbed(TestbedConfig(hosts=hosts)) as tb:
+            tcp_s = _tcp_floor(tb, n, int(nbytes))
+            for busy in (False, True):
+                rows = _members(tb, n, busy, args.rounds, args.floats, period)
+                # the first exchange also opens the members' connections: left out of the median
+                steady = [r for r in rows if r["round"] > 0 and r["ok"]]
+                el = statistics.median(r["elapsed_s"] for r in steady) if steady else float("nan")
+                late = max((r["late_start_s"] for r in rows), default=0.0)
+                step = statistics.median([r["step_s"] for r in steady if r["step_s"]] or [float("nan")])
+                s = {
+                    "peers": n, "condition": "busy" if busy else "idle", "bytes_each_way": nbytes,
+                    "bound_s": bound_s, "tcp_s": tcp_s, "exchange_s": el, "vs_bound": el / bound_s,
+                    "vs_tcp": el / tcp_s, "tcp_vs_bound": tcp_s / bound_s, "ok": len(steady),
+                    "of": len([r for r in rows if r["round"] > 0]), "max_late_start_s": late,
+                    "busy_step_s": step if busy else None, "first_exchange_s": statistics.median(
+                        r["elapsed_s"] for r in rows if r["round"] == 0),
+                }  # fmt: skip
+                summary.append(s)
+                print(
+                    f"{n} peers {s['condition']:>4}: exchange {el:.2f} s = {s['vs_bound']:.2f} x bound "
+                    f"({bound_s:.2f} s), {s['vs_tcp']:.2f} x plain TCP ({tcp_s:.2f} s = "
+                    f"{s['tcp_vs_bound']:.2f} x bound); {s['ok']}/{s['of']} complete; first {s['first_exchange_s']:.2f} s"
+                    + (f"; busy step {step:.2f} s" if busy else ""),
+                    flush=True,
+                )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                        "summary": summary}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

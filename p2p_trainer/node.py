@@ -303,6 +303,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         # §5: a weight is the tokens a peer processed since its last merge, at most one round's
         # worth here; 4x leaves room for survivors topping up their share when peers vanish
         # (constant work per round, §6). Anything above is more than a peer could have processed.
+        view.hear_from(transport.heard_within)  # exchanges are evidence of life too (swarm_view.py)
         exchange = NetworkExchange(
             transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round
         )

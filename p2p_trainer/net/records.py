@@ -159,10 +159,11 @@ def publish_heartbeat(dht: DHTLike, run_name: str, heartbeat: Heartbeat, ttl_s: 
     )
 
 
-def list_live_peers(dht: DHTLike, run_name: str) -> list[Heartbeat]:
+def list_live_peers(dht: DHTLike, run_name: str, left: set[str] | None = None) -> list[Heartbeat]:
     """Heartbeats of the run's live peers, sorted by peer id; malformed records are logged and dropped.
 
-    Tombstones (`leaving`) are left out: a peer that left cleanly disappears at once.
+    Tombstones (`leaving`) are left out: a peer that left cleanly disappears at once. Their peer
+    ids are added to `left` where one is given.
     """
     found = dht.get(heartbeat_key(run_name), latest=True)
     if found is None:
@@ -181,6 +182,8 @@ def list_live_peers(dht: DHTLike, run_name: str) -> list[Heartbeat]:
         except RecordError as e:
             logger.warning("dropping malformed heartbeat under subkey %r: %s", subkey, e)
             continue
+        if heartbeat.leaving and left is not None:
+            left.add(heartbeat.peer_id)
         if float(getattr(entry, "expiration_time", 0.0)) >= current and not heartbeat.leaving:
             heartbeats.append(heartbeat)
     return sorted(heartbeats, key=lambda h: h.peer_id)

@@ -4,6 +4,13 @@ A background thread refreshes both every `period_s`; exchanges read the cached l
 a group never waits on the DHT. A peer that misses `ttl_s` of heartbeats drops out of everyone's
 view and of later groups. A peer that sees no one else any more (its link was cut, and its DHT
 routing table emptied) pings the peers it knew and its bootstrap nodes until they answer again.
+
+Heartbeats are not the only evidence of life. When exchanges fill the links, a heartbeat's DHT
+store and the reads of it queue behind megabytes of tensors, and a busy peer's heartbeat could
+expire in some views but not others: peers then form different groups and the exchange fails for
+all of them (measured: data-parallel peers on 10 Mbit/s links fell apart this way after 5 steps).
+So a peer whose messages reached this one within `ttl_s` stays in view (`hear_from`) unless it
+left cleanly; a dead peer sends nothing, so it still drops out within `ttl_s`.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p_trainer import __version__
@@ -39,6 +47,8 @@ class SwarmView:
         self.status = PeerStatus()
         self._peers: list[records.Heartbeat] = []
         self._known: set[str] = set()
+        self._left: set[str] = set()
+        self._heard: Callable[[float], set[str]] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
@@ -62,12 +72,13 @@ class SwarmView:
     def _refresh(self) -> None:
         try:
             records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s)
-            peers = records.list_live_peers(self.node, self.run_name)
+            left: set[str] = set()
+            peers = records.list_live_peers(self.node, self.run_name, left)
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
             logger.warning("heartbeat refresh failed: %s", exc)
             return
         with self._lock:
-            self._peers = peers
+            self._peers, self._left = peers, left
         others = {h.peer_id for h in peers} - {self.node.peer_id}
         self._known |= others
         if not others and self._known:
@@ -90,8 +101,17 @@ class SwarmView:
         with self._lock:
             return list(self._peers)
 
+    def hear_from(self, heard_within: Callable[[float], set[str]]) -> None:
+        """Also count as live the peers `heard_within(ttl_s)` returns (those whose messages arrived)."""
+        self._heard = heard_within
+
     def live_peers(self) -> list[str]:
-        return [h.peer_id for h in self.heartbeats()]
+        ids = {h.peer_id for h in self.heartbeats()}
+        if self._heard is not None:
+            with self._lock:
+                left = set(self._left)
+            ids |= self._heard(self.ttl_s) - left
+        return sorted(ids)
 
     def lost_sight(self) -> bool:
         """No other peer is in view, but some were before: this peer was stalled or cut off."""

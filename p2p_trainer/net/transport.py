@@ -143,6 +143,8 @@ class Transport:
         self.mailbox = Mailbox()
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._last_heard: dict[str, float] = {}
+        """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2p-transport", daemon=True)
         self._thread.start()
@@ -172,6 +174,7 @@ class Transport:
             await P2P.send_raw_data(payload, writer)
             await reader.read(1)  # the receiver closes after reading: delivery, not just buffering
             self.bytes_sent += len(payload)
+            self._last_heard[peer_id] = time.monotonic()
         finally:
             writer.close()
 
@@ -197,11 +200,17 @@ class Transport:
             header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
             payload = await read_frame(reader, self.max_payload_bytes)
             self.bytes_received += len(payload)
+            self._last_heard[sender] = time.monotonic()
             self.mailbox.put(f"{header['key']}|{sender}", Message(sender, header, payload))
         except (MessageError, asyncio.IncompleteReadError, ConnectionError) as exc:
             logger.warning("message from %s dropped: %s", sender, exc)
         finally:
             writer.close()
+
+    def heard_within(self, seconds: float) -> set[str]:
+        """Peers that sent this one a message, or took one from it, within the last `seconds`."""
+        since = time.monotonic() - seconds
+        return {p for p, t in list(self._last_heard.items()) if t >= since}
 
     def close(self) -> None:
         # the replica's client socket file is ours to remove: p2pd does not unlink it on shutdown

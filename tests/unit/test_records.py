@@ -138,3 +138,45 @@ def test_publishing_a_heartbeat_others_would_drop_is_refused(dht: hivemind.DHT) 
         records.publish_heartbeat(dht, "refused", heartbeat(loss=float("nan")), ttl_s=30)
     with pytest.raises(records.RecordError, match="round"):
         records.publish_heartbeat(dht, "refused", heartbeat(round=-1), ttl_s=30)
+
+
+class _Node:
+    """The parts of NetNode a SwarmView uses, on the test's DHT."""
+
+    def __init__(self, dht: hivemind.DHT, peer_id: str) -> None:
+        self.dht, self.peer_id = dht, peer_id
+
+    def store(self, *args: Any, **kwargs: Any) -> Any:
+        return self.dht.store(*args, **kwargs)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        return self.dht.get(*args, **kwargs)
+
+    def bootstrap_ids(self) -> list[str]:
+        return []
+
+    def ping_peers(self, peer_ids: list[str], timeout_s: float = 10.0) -> int:
+        return 0
+
+
+def test_view_keeps_peers_heard_from_but_not_those_that_left(dht: hivemind.DHT) -> None:
+    from p2p_trainer.net.identity import peer_id_from_public_key
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, heard_only = (peer_id_from_public_key(bytes([i]) * 32) for i in (1, 2))
+    records.publish_heartbeat(dht, "sticky", heartbeat(PEER_A), ttl_s=30)
+    records.publish_heartbeat(dht, "sticky", heartbeat(PEER_B, leaving=True), ttl_s=30)
+    view = SwarmView(_Node(dht, me), "sticky", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
+    try:
+        assert view.live_peers() == sorted([PEER_A, me])
+        asked: list[float] = []
+
+        def heard(seconds: float) -> set[str]:
+            asked.append(seconds)
+            return {heard_only, PEER_B}  # B's messages came, but it has left cleanly since
+
+        view.hear_from(heard)
+        assert view.live_peers() == sorted([PEER_A, me, heard_only])
+        assert asked == [8.0]  # evidence as fresh as a heartbeat must be
+    finally:
+        view.close()

@@ -52,9 +52,9 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def pair_bytes(group: int, num_params: int) -> float:
-    """Bytes one member sends (and receives) in a butterfly average of 4-byte floats over `group`."""
-    return 2 * (group - 1) / group * 4 * num_params if group > 1 else 0.0
+def pair_bytes(group: int, num_params: int, value_bytes: int = 4) -> float:
+    """Bytes one member sends (and receives) in a butterfly average over `group` (float32: 4 bytes)."""
+    return 2 * (group - 1) / group * value_bytes * num_params if group > 1 else 0.0
 
 
 # ------------------------------------------------------------------------------------------- curves
@@ -127,7 +127,12 @@ def consensus_distance(anchors: list[list[torch.Tensor]]) -> float | None:
 
 
 def _peer_stats(
-    recs: list[dict[str, Any]], budget_s: float, peers: int, rate_mbit: float, num_params: int
+    recs: list[dict[str, Any]],
+    budget_s: float,
+    peers: int,
+    rate_mbit: float,
+    num_params: int,
+    value_bytes: int = 4,
 ) -> tuple[dict[str, Any], list[float], dict[str, list[float]]]:
     """Timing from the rounds that ended within the budget (a peer that outlived the others' budget
     waits out an exchange timeout: not a round of the method); bytes theory from every round."""
@@ -150,13 +155,13 @@ def _peer_stats(
                 # a failed exchange records a group of one, but moved (most of) its bytes first:
                 # charge it the tag's usual group
                 usual = groups.get(e["tag"])
-                theory_failed += pair_bytes(statistics.mode(usual), num_params) if usual else 0.0
+                theory_failed += pair_bytes(statistics.mode(usual), num_params, value_bytes) if usual else 0.0
                 continue
             if g < 2:
                 continue
-            theory += pair_bytes(g, num_params)
+            theory += pair_bytes(g, num_params, value_bytes)
             if r in rounds:
-                bound_s = pair_bytes(g, num_params) * 8 / (rate_mbit * 1e6)
+                bound_s = pair_bytes(g, num_params, value_bytes) * 8 / (rate_mbit * 1e6)
                 ratios.setdefault(e["tag"], []).append(e["elapsed_s"] / bound_s)
     exchanges = [e for r in rounds for e in r["exchanges"]]
     stats = {
@@ -174,7 +179,11 @@ def _peer_stats(
 
 
 def group_transfer_ratios(
-    peers_recs: list[list[dict[str, Any]]], window_s: float, rate_mbit: float, num_params: int
+    peers_recs: list[list[dict[str, Any]]],
+    window_s: float,
+    rate_mbit: float,
+    num_params: int,
+    value_bytes: int = 4,
 ) -> dict[str, list[float]]:
     """Per tag, each complete group exchange's time from its last member's start to its last
     member's result, over bytes / link rate.
@@ -201,19 +210,27 @@ def group_transfer_ratios(
         if g < 2 or len(members) != g or any(m[1] != g for m in members):
             continue
         span = max(m[3] for m in members) - max(m[2] for m in members)
-        out.setdefault(tag, []).append(span / (pair_bytes(g, num_params) * 8 / (rate_mbit * 1e6)))
+        out.setdefault(tag, []).append(
+            span / (pair_bytes(g, num_params, value_bytes) * 8 / (rate_mbit * 1e6))
+        )
     return out
 
 
 def run_stats(
-    run_dir: Path, run: dict[str, Any], peers: int, rate_mbit: float, budget_s: float, num_params: int
+    run_dir: Path,
+    run: dict[str, Any],
+    peers: int,
+    rate_mbit: float,
+    budget_s: float,
+    num_params: int,
+    value_bytes: int = 4,
 ) -> dict[str, Any]:
     """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus."""
     per_peer, blocked, ratios, peers_recs = [], [], {}, []
     for i in range(peers):
         recs = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
         peers_recs.append(recs)
-        stats, b, r = _peer_stats(recs, budget_s, peers, rate_mbit, num_params)
+        stats, b, r = _peer_stats(recs, budget_s, peers, rate_mbit, num_params, value_bytes)
         blocked += b
         for tag, v in r.items():
             ratios.setdefault(tag, []).extend(v)
@@ -255,7 +272,9 @@ def run_stats(
         },
         "transfer_time_vs_bound": {
             tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95), "n": len(v)}
-            for tag, v in group_transfer_ratios(peers_recs, budget_s, rate_mbit, num_params).items()
+            for tag, v in group_transfer_ratios(
+                peers_recs, budget_s, rate_mbit, num_params, value_bytes
+            ).items()
         },
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),
         "exchanges": sum(p["exchanges"] for p in per_peer),

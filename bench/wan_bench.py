@@ -62,7 +62,18 @@ def variants(h: int, mix2_every: list[int], align_rounds: bool = True) -> list[V
         )
         for k in mix2_every
     ]
-    return [*out, Variant("independent", "independent"), Variant("hivemind", "hivemind")]
+    # float16 on the wire (outer.wire_dtype): half the bytes; asked for by name with --methods
+    half = {"wire_dtype": "float16"}
+    extra = [Variant("factored-mix1-fp16", "factored", {"mix2_rounds": 0, **align, **half})]
+    extra += [
+        Variant(
+            f"factored-mix2-k{k}-fp16",
+            "factored",
+            {"mix2_rounds": 1, "mix2_every": k, "mix2_group_size": 0, **align, **half},
+        )
+        for k in mix2_every
+    ]
+    return [*out, Variant("independent", "independent"), Variant("hivemind", "hivemind"), *extra]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -139,7 +150,8 @@ def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int
                 run = run_swarm(v, cfg, spec, run_dir)
             # a run extended for --min-rounds is measured over all of it; comparisons stay at the budget
             window = max(spec.budget_s, run.get("stop_s", spec.budget_s))
-            stats = run_stats(run_dir, run, spec.peers, spec.rate_mbit, window, ev.num_params)
+            value_bytes = 2 if cfg.outer.wire_dtype == "float16" else 4  # the theory and bounds follow it
+            stats = run_stats(run_dir, run, spec.peers, spec.rate_mbit, window, ev.num_params, value_bytes)
             curve = evaluated.get((v.name, seed)) or loss_curve(
                 run_dir, spec.peers, ev, args.max_points, window
             )
@@ -331,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     quick_names = ("data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind")
     ks = [2] if args.quick else args.mix2_every
     wanted = args.methods or (quick_names if args.quick else None)
-    vs = [v for v in variants(h, ks, not args.no_align_rounds) if wanted is None or v.name in wanted]
+    vs = [
+        v
+        for v in variants(h, ks, not args.no_align_rounds)
+        if (v.name in wanted if wanted is not None else not v.name.endswith("-fp16"))
+    ]
     min_rounds = args.min_rounds if args.min_rounds is not None else (0 if args.quick else 30)
     spec = SwarmSpec(
         args.peers, args.rate_mbit, args.cpu_cores, budget, min_rounds=min_rounds,

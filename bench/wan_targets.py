@@ -65,6 +65,9 @@ def targets(summary: dict[str, dict[str, Any]], per_seed: list[dict[str, Any]]) 
     best = min(mix2, key=lambda v: _m(per_seed, v, "loss_at_equal_time") or 99.0) if mix2 else None
     f1, dl = u("factored-mix1"), u("diloco")
     add("factored Mix1-only utilisation >= 0.95", f1, 0.95, None if f1 is None else f1 >= 0.95)
+    f16 = u("factored-mix1-fp16")  # the same with float16 on the wire, where it was run
+    if f16 is not None:
+        add("factored Mix1-only, float16 wire, utilisation >= 0.95", f16, 0.95, f16 >= 0.95)
     if f1 is not None and dl is not None:
         add("factored Mix1-only utilisation - DiLoCo's >= 0.3", f1 - dl, 0.3, f1 - dl >= 0.3)
     if best is not None:

@@ -100,6 +100,7 @@ class InnerConfig:
 
 
 # Reference hyperparameters per method (ALGORITHMS.md §1–§3).
+WIRE_DTYPES = ("float32", "float16")
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "diloco": {"outer_lr": 0.7, "outer_momentum": 0.9, "num_inner_steps": 50},
     "noloco": {"outer_lr": 0.7, "outer_momentum": 0.5, "num_inner_steps": 50, "group_size": 2},
@@ -168,6 +169,10 @@ class OuterConfig:
     vanish, so every update sees the same amount of data as in a failure-free run. 0 disables it:
     each peer then does num_inner_steps × inner.grad_accum micro-batches whatever the swarm's size.
     Set it to peers × num_inner_steps × grad_accum × batch_size × seq_len for the planned swarm."""
+    wire_dtype: str = "float32"
+    """Number format of exchanged values on the wire: float32, or float16 (half the bytes, so half
+    the time on a slow link; values are averaged in float64 either way, and a part holding a value
+    beyond float16's range is sent as float32). Every member of a group gets identical results."""
 
     def __post_init__(self) -> None:
         _require(self.method in METHODS, f"outer.method={self.method!r}: choose one of {', '.join(METHODS)}")
@@ -183,6 +188,10 @@ class OuterConfig:
         _require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
         _require(self.exchange_timeout_s > 0, "outer.exchange_timeout_s must be positive")
         _require(self.mix1_grace_s >= 0, "outer.mix1_grace_s must be >= 0")
+        _require(
+            self.wire_dtype in WIRE_DTYPES,
+            f"outer.wire_dtype={self.wire_dtype!r}: choose one of {', '.join(WIRE_DTYPES)}",
+        )
         _require(
             0 < self.quorum_fraction <= 1,
             f"outer.quorum_fraction={self.quorum_fraction}: use a value in (0, 1] (0.5 = half the group)",

@@ -82,6 +82,8 @@ class ExchangeRequest:
     """§4: after the quorum, wait at most this long for the rest of the group."""
     result_wait_s: float = math.inf
     """After the own part is averaged, wait at most `grace_s` plus this for the others' parts."""
+    wire_dtype: str = "float32"
+    """float32 or float16: the number format of the values sent (see OuterConfig.wire_dtype)."""
 
 
 class PendingExchange(Protocol):

@@ -60,12 +60,12 @@ class InProcessSwarm:
             slot.contributions[name] = (tensors, request.weight)
             slot.arrived.add(name)
             if slot.arrived >= set(slot.members):
-                slot.result = self._reduce(slot, tensors)
+                slot.result = self._reduce(slot, tensors, request.wire_dtype)
                 slot.contributions.clear()  # the mean is all anyone needs now; free the copies
                 self._cond.notify_all()
         return key, index
 
-    def _reduce(self, slot: _Slot, like: list[torch.Tensor]) -> ExchangeResult:
+    def _reduce(self, slot: _Slot, like: list[torch.Tensor], wire_dtype: str = "float32") -> ExchangeResult:
         accepted: list[list[torch.Tensor]] = []
         weights: list[float] = []
         for name in slot.members:
@@ -81,6 +81,11 @@ class InProcessSwarm:
         mean = weighted_mean(accepted, weights)
         n = len(accepted)
         payload = sum(t.numel() * t.element_size() for t in like)
+        if wire_dtype == "float16":  # what the network peers end with: the mean as sent in float16
+            fits = all(float(m.abs().max()) <= torch.finfo(torch.float16).max for m in mean if m.numel())
+            if fits:
+                mean = [m.to(torch.float16).to(m.dtype) for m in mean]
+                payload //= 2
         moved = int(2 * (n - 1) / n * payload)
         return Ok(
             mean, group_size=n, total_weight=float(sum(weights)), bytes_sent=moved, bytes_received=moved

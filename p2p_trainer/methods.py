@@ -145,6 +145,7 @@ class _BlockingExchanges:
             quorum_wait_s=cfg.quorum_wait_max_s,
             grace_s=self.timing.window_s(),
             result_wait_s=self.timing.result_wait_s(),
+            wire_dtype=cfg.wire_dtype,
         )
 
     def _average(

@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,6 +79,24 @@ class GroupSpec:
     view_prefix: str = ""
     """The key without the member-list digest: messages under it with another digest come from
     members with another view of this exchange's group."""
+    wire_dtype: str = "float32"
+    """float16 sends half the bytes; each message says its format ("dt"), so a receiver checks it."""
+
+
+WIRE_FORMATS: dict[str, np.dtype[Any]] = {"f4": np.dtype(np.float32), "f2": np.dtype(np.float16)}
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def encode_values(values: np.ndarray, wire_dtype: str) -> tuple[bytes, str, np.ndarray]:
+    """The bytes to send, their format tag, and the values as the receiver will decode them.
+
+    float16 is used only where every value fits its range: a part that overflowed would arrive as
+    inf and be rejected, so it goes as float32 instead (rare: parameters and their deltas are small).
+    """
+    if wire_dtype == "float16" and (values.size == 0 or float(np.abs(values).max()) <= FLOAT16_MAX):
+        half = values.astype(np.float16)
+        return half.tobytes(), "f2", half.astype(np.float32)
+    return values.astype(np.float32).tobytes(), "f4", values
 
 
 def _check(msg: Message | None, expected_floats: int, max_weight: float) -> tuple[np.ndarray, float] | str:
@@ -86,9 +105,12 @@ def _check(msg: Message | None, expected_floats: int, max_weight: float) -> tupl
     weight = msg.header.get("w")
     if not isinstance(weight, int | float) or not valid_weight(float(weight), max_weight):
         return f"weight {weight!r} is not finite, positive and <= {max_weight}"
-    if len(msg.payload) != 4 * expected_floats:
-        return f"{len(msg.payload)} bytes, expected {4 * expected_floats}"
-    values = np.frombuffer(msg.payload, dtype=np.float32)
+    fmt = WIRE_FORMATS.get(str(msg.header.get("dt", "f4")))
+    if fmt is None:
+        return f"unknown number format {msg.header.get('dt')!r} (expected one of {', '.join(WIRE_FORMATS)})"
+    if len(msg.payload) != fmt.itemsize * expected_floats:
+        return f"{len(msg.payload)} bytes, expected {fmt.itemsize * expected_floats} ({fmt.name})"
+    values = np.frombuffer(msg.payload, dtype=fmt).astype(np.float32, copy=False)
     if not np.isfinite(values).all():
         return "non-finite values"
     return values, float(weight)
@@ -282,14 +304,22 @@ async def butterfly_average(
     others = [j for j in range(n) if j != me]
     short = [m[-8:] for m in group.members]
 
+    moved = 0
+
     def send(j: int, phase: str, part: int, payload: bytes, extra: dict[str, object]) -> asyncio.Task[bool]:
+        nonlocal moved
+        moved += len(payload)
         header = {"key": f"{group.key}|{phase}|{part}", **extra}
         return asyncio.create_task(
             send_with_retries(transport, group.members[j], header, payload, deadline, health)
         )
 
+    def contribution(j: int) -> tuple[bytes, dict[str, object]]:
+        payload, fmt, _ = encode_values(data[bounds[j][0] : bounds[j][1]], group.wire_dtype)
+        return payload, {"w": weight, "dt": fmt}
+
     lo, hi = bounds[me]
-    sends = [send(j, "c", j, data[bounds[j][0] : bounds[j][1]].tobytes(), {"w": weight}) for j in others]
+    sends = [send(j, "c", j, *contribution(j)) for j in others]
     if contributed is not None:
         await asyncio.wait(sends, timeout=2.0)  # delivered (or a member is not taking them)
         contributed()
@@ -299,8 +329,9 @@ async def butterfly_average(
         acc += values.astype(np.float64) * w
         total_w += w
     included = sorted([me, *arrivals.values])
-    mine = (acc / total_w).astype(np.float32)
-    sends += [send(j, "r", me, mine.tobytes(), {"w": total_w, "in": included}) for j in others]
+    # every member, this owner included, keeps the values as sent: identical results group-wide
+    payload, fmt, mine = encode_values((acc / total_w).astype(np.float32), group.wire_dtype)
+    sends += [send(j, "r", me, payload, {"w": total_w, "in": included, "dt": fmt}) for j in others]
     own_done = time.monotonic()
 
     out = data.copy()  # parts that do not come back keep this member's own values
@@ -317,7 +348,6 @@ async def butterfly_average(
         return Failed(
             f"no member's values arrived within the grace window (left out: {sorted(left_out)})", elapsed
         )
-    moved = 4 * (sum(bounds[j][1] - bounds[j][0] for j in others) + (n - 1) * (hi - lo))
     return Ok(
         [torch.from_numpy(out)],
         group_size=min(sizes),

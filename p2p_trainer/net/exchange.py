@@ -104,6 +104,7 @@ class NetworkExchange:
             grace_s=request.grace_s,
             result_wait_s=request.result_wait_s,
             view_prefix=prefix,
+            wire_dtype=request.wire_dtype,
         )
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _Pending:

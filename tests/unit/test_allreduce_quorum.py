@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -179,3 +180,58 @@ def test_member_dying_after_contributing_costs_grace_plus_result_wait() -> None:
         assert isinstance(res, Ok) and res.own_parts == 1 and "c" in res.left_out
         assert took < GRACE_S + 1.0 + 0.4, took  # grace + result_wait (1 s), not the 30 s deadline
         np.testing.assert_allclose(res.tensors[0].numpy()[:6], 1.0)  # mean of 0, 1, 2
+
+
+def test_float16_wire_halves_the_bytes_and_every_member_ends_with_the_same_values() -> None:
+    async def run() -> list[Any]:
+        members = ["a", "b", "c"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+        # values float16 cannot hold exactly, and one part beyond its range (sent as float32)
+        flats = [torch.linspace(0, 1, 12) / 3 + i for i in range(3)]
+        flats[2][-1] = 1e6
+        spec = dataclasses.replace(_spec(members, "a", 3), wire_dtype="float16")
+        return await asyncio.gather(
+            *(
+                butterfly_average(
+                    net[m],  # type: ignore[arg-type]
+                    dataclasses.replace(spec, me=m),
+                    flats[i],
+                    1.0,
+                    time.monotonic() + 5,
+                )
+                for i, m in enumerate(members)
+            )
+        )
+
+    results = asyncio.run(run())
+    assert all(isinstance(r, Ok) and r.group_size == 3 for r in results)
+    first = results[0].tensors[0]
+    for r in results[1:]:
+        assert torch.equal(r.tensors[0], first)  # the owner keeps its part as sent, too
+    exact = (torch.linspace(0, 1, 12) / 3 + 1).clone()
+    exact[-1] = (1e6 + (1 / 3 + 0) + (1 / 3 + 1)) / 3
+    a, b = part_bounds(12, 3)[2]
+    torch.testing.assert_close(first[:a], exact[:a], rtol=1e-3, atol=0)  # float16's precision
+    # the part with 1e6 comes back as float32: its large value keeps float32's precision
+    torch.testing.assert_close(first[b - 1], exact[b - 1], rtol=1e-6, atol=0)
+    # per member: 2 contributions and 2 copies of its averaged part, 4 values each, 2 bytes per
+    # value, except member c's averaged part (it holds 1e6), which goes as float32
+    assert [r.bytes_sent for r in results] == [32, 32, 16 + 2 * 4 * 4]
+
+
+def test_a_part_in_an_unknown_number_format_is_dropped() -> None:
+    async def run() -> Any:
+        members = ["a", "b"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+        payload = np.ones(5, np.float16).tobytes()
+        header = {"key": "x", "w": 1.0, "dt": "f8"}
+        net["a"].mailbox.put("run/outer/0/0/abc|c|0|b", Message("b", header, payload))
+        return await butterfly_average(
+            net["a"], _spec(members, "a", 2), torch.zeros(10), 1.0, time.monotonic() + 1.0
+        )  # type: ignore[arg-type]
+
+    assert isinstance(asyncio.run(run()), Failed)

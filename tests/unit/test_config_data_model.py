@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bad_values_say_what_to_change() -> None:
     with pytest.raises(ConfigError, match=r"divisible by model\.n_heads"):
         ModelConfig(d_model=130, n_heads=4)
+    with pytest.raises(ConfigError, match=r"outer\.wire_dtype='bfloat8': choose one of float32, float16"):
+        OuterConfig(wire_dtype="bfloat8")
     with pytest.raises(ConfigError, match="choose one of"):
         OuterConfig(method="allreduce")
     with pytest.raises(ConfigError, match="unknown key"):

@@ -37,6 +37,17 @@ def test_all_reduce_is_the_exact_weighted_mean() -> None:
         assert r.bytes_sent == int(2 * 3 / 4 * 12)
 
 
+def test_float16_wire_rounds_the_mean_as_the_network_peers_get_it() -> None:
+    swarm = InProcessSwarm(2, seed=0)
+    values = [torch.full((4,), 0.1), torch.full((4,), 0.2)]
+    req = ExchangeRequest("t", 0, ALL, 1.0, wire_dtype="float16")
+    results = _run_all(2, lambda i: swarm.exchange(i).average([values[i]], req))
+    for r in results:
+        assert isinstance(r, Ok) and r.bytes_sent == int(2 * 1 / 2 * 8)  # 2 bytes per value
+        torch.testing.assert_close(r.tensors[0], torch.full((4,), 0.15).half().float(), rtol=0, atol=0)
+        assert r.tensors[0].dtype == torch.float32 and not torch.equal(r.tensors[0], torch.full((4,), 0.15))
+
+
 def test_pairs_average_within_their_group_only() -> None:
     swarm = InProcessSwarm(4, seed=1)
     values = [torch.full((2,), float(10 * i)) for i in range(4)]

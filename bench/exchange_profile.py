@@ -103,6 +103,9 @@ def member(args: argparse.Namespace) -> int:
         row["step_s"] = statistics.median(steps[-20:]) if steps else None
         print(json.dumps(row), flush=True)
     stop.set()
+    # this member has every result, but its own last results may still be on their way to the
+    # others (sends finish in the background): closing now would cut them off mid-message
+    time.sleep(5.0)
     transport.close()
     dht.shutdown()
     return 0

@@ -184,6 +184,9 @@ def main() -> int:
     if args.mode == "member":
         return member(args)
 
+    from wan_analysis import bound_s as link_bound_s
+    from wan_analysis import pair_bytes
+
     from p2p_trainer.testbed import Testbed, TestbedConfig, support_problem
     from p2p_trainer.testbed.config import HostSpec
 
@@ -194,8 +197,8 @@ def main() -> int:
         return 2
     summary = []
     for n in args.peers:
-        nbytes = 2 * (n - 1) / n * 4 * args.floats  # each way, per member (ALGORITHMS.md §8)
-        bound_s = nbytes * 8 / (args.rate_mbit * 1e6)
+        nbytes = pair_bytes(n, args.floats)  # each way, per member (ALGORITHMS.md §8)
+        bound_s = link_bound_s(n, args.floats, args.rate_mbit)
         period = 2.5 * bound_s + 3.0
         hosts = tuple(HostSpec(f"h{i}", args.rate_mbit, args.rate_mbit, args.cpu_cores) for i in range(n))
         with Testbed(TestbedConfig(hosts=hosts)) as tb:

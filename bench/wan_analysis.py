@@ -57,6 +57,11 @@ def pair_bytes(group: int, num_params: int, value_bytes: int = 4) -> float:
     return 2 * (group - 1) / group * value_bytes * num_params if group > 1 else 0.0
 
 
+def bound_s(group: int, num_params: int, rate_mbit: float, value_bytes: int = 4) -> float:
+    """The physical bound of one member's exchange: its butterfly bytes / link rate."""
+    return pair_bytes(group, num_params, value_bytes) * 8 / (rate_mbit * 1e6)
+
+
 # ------------------------------------------------------------------------------------------- curves
 def loss_curve(
     run_dir: Path, peers: int, ev: Evaluator, max_points: int, budget_s: float
@@ -161,8 +166,8 @@ def _peer_stats(
                 continue
             theory += pair_bytes(g, num_params, value_bytes)
             if r in rounds:
-                bound_s = pair_bytes(g, num_params, value_bytes) * 8 / (rate_mbit * 1e6)
-                ratios.setdefault(e["tag"], []).append(e["elapsed_s"] / bound_s)
+                bound = bound_s(g, num_params, rate_mbit, value_bytes)
+                ratios.setdefault(e["tag"], []).append(e["elapsed_s"] / bound)
     exchanges = [e for r in rounds for e in r["exchanges"]]
     stats = {
         "rounds": len(rounds),
@@ -210,9 +215,7 @@ def group_transfer_ratios(
         if g < 2 or len(members) != g or any(m[1] != g for m in members):
             continue
         span = max(m[3] for m in members) - max(m[2] for m in members)
-        out.setdefault(tag, []).append(
-            span / (pair_bytes(g, num_params, value_bytes) * 8 / (rate_mbit * 1e6))
-        )
+        out.setdefault(tag, []).append(span / bound_s(g, num_params, rate_mbit, value_bytes))
     return out
 
 
@@ -244,10 +247,7 @@ def run_stats(
     payload = statistics.fmean(p["tx_payload_bytes"] for p in per_peer)
     theory_ok = statistics.fmean(p["theory_bytes"] for p in per_peer)
     theory = theory_ok + statistics.fmean(p["theory_bytes_failed"] for p in per_peer)
-    all_rounds = statistics.fmean(
-        sum(1 for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round")
-        for i in range(peers)
-    )
+    all_rounds = statistics.fmean(sum(1 for r in recs if r.get("kind") == "round") for recs in peers_recs)
     return {
         "per_peer": per_peer,
         "rounds_min": rounds_done,

@@ -35,6 +35,7 @@ from p2p_trainer.net.state_sync import (
     donor_order,
     download_state,
     first_download,
+    heartbeat_lag_rounds,
 )
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
@@ -82,6 +83,7 @@ def _late_join(
     view: SwarmView,
     transport: Transport,
     run_id: str,
+    tokens_per_round: int,
     patience_s: float = 30.0,
     donor_wait_s: float = 0.0,
     on_download: Callable[[str, int], None] | None = None,
@@ -99,7 +101,10 @@ def _late_join(
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
-        donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats])
+        # heartbeats say the rounds per second (throughput / tokens per round) of their peers
+        rounds_per_s = max((h.throughput_tokens_per_s for h in beats), default=0.0) / tokens_per_round
+        slack = heartbeat_lag_rounds(rounds_per_s, 2 * view.period_s)
+        donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats], slack)
         if not donors and time.monotonic() >= donor_deadline:
             return False
         attempt += 1
@@ -334,6 +339,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
             view,
             transport,
             run_id,
+            tokens_per_round,
             donor_wait_s=opts.rejoin_wait_s if rejoining else 0,
             on_download=exchange.fault_hook,
         ):

@@ -165,6 +165,16 @@ async def _fetch(
         writer.close()
 
 
+def heartbeat_lag_rounds(rounds_per_s: float, lag_s: float) -> int:
+    """How far behind its donor a heartbeat's round may be: the rounds trained in `lag_s`, plus one.
+
+    A view's copy of a heartbeat is up to two refresh periods old (stored once a period, read once a
+    period), and short rounds pass many rounds in that time. Donors serve their current state, not
+    the round their heartbeat shows, so counting such a donor as stale would only skew the order.
+    """
+    return 1 + math.ceil(max(0.0, rounds_per_s) * lag_s)
+
+
 def donor_order(me: str, donors: Sequence[tuple[str, int]], slack_rounds: int = 1) -> list[str]:
     """Peer ids to download from, best first: `donors` are (peer id, round) pairs.
 

@@ -36,7 +36,10 @@ class CleanupGuard:
             logger.warning("%s: not in the main thread, so no cleanup on SIGINT/SIGTERM", self.label)
             return
         for sig in _HANDLED_SIGNALS:
-            self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
+            # an ignored signal stays ignored (nohup, a shell's background job): catching it would
+            # tear the testbed down and then carry on without it
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def uninstall(self) -> None:
         atexit.unregister(self._cleanup)

@@ -180,13 +180,18 @@ def test_donor_killed_mid_transfer_joiner_fetches_from_another(tmp_path: Path) -
     other = 1 - first
     cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
     limit = ["--max-minutes", "0.8"]
-    swarm = Swarm(tmp_path, cfg, 2, extra={first: [*limit, "--kill-self-at", "serve:1"], other: limit})
+    # the doomed donor has time enough to be asked however slow the machine; it dies serving anyway
+    doomed = ["--max-minutes", "4", "--kill-self-at", "serve:1"]
+    swarm = Swarm(tmp_path, cfg, 2, extra={first: doomed, other: limit})
     try:
         assert wait_until(lambda: all(len(swarm.rounds(i)) >= 3 for i in (0, 1)), 120), "no start"
         joiner = swarm.start(2, limit)  # it outlives the survivor, whose last rounds then merge with it
         swarm.note_sockets()
-        assert wait_until(lambda: not swarm.peers[first].alive(), 120), "the first donor did not die"
-        assert swarm.peers[first].proc.returncode == -signal.SIGKILL
+        died = wait_until(lambda: not swarm.peers[first].alive(), 120)
+        assert died and swarm.peers[first].proc.returncode == -signal.SIGKILL, (
+            "the first donor did not die serving; the joiner's view on arrival: "
+            + _arrival_lines(tmp_path / "peer2" / "log.txt")
+        )
         assert "fault injection: SIGKILL at serve" in (tmp_path / f"peer{first}" / "log.txt").read_text()
         assert wait_all([joiner], 150) and joiner.proc.returncode == 0, "the joiner did not finish"
         log = (tmp_path / "peer2" / "log.txt").read_text()
@@ -202,6 +207,11 @@ def test_donor_killed_mid_transfer_joiner_fetches_from_another(tmp_path: Path) -
         _survivors_ok(swarm, [other], "SIGKILL of a donor halfway through serving its state")
     finally:
         swarm.close()
+
+
+def _arrival_lines(log: Path) -> str:
+    text = log.read_text() if log.exists() else ""
+    return "; ".join(line for line in text.splitlines() if "swarm on arrival" in line) or "(none logged)"
 
 
 # --------------------------------------------------------------------------- stall, then recover

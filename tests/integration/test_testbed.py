@@ -65,12 +65,14 @@ def test_hosts_reach_each_other_over_tcp(testbed_factory: TestbedFactory) -> Non
 @pytest.mark.timeout(30)
 def test_transfer_takes_bytes_over_rate(testbed_factory: TestbedFactory) -> None:
     tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(2, rate_mbit=10.0, cpu_cores=None)))
-    result = measure_transfer(tb, "h0", "h1", 2 * MB)
-    assert result.error is None
-    assert result.bound_s == pytest.approx(1.6)
+    # the faster of two: a busy machine can only add time (a CI run once read 1.19), and a cap that
+    # leaks or chokes shows in both
+    tries = [measure_transfer(tb, "h0", "h1", 2 * MB) for _ in range(2)]
+    assert all(t.error is None and t.bound_s == pytest.approx(1.6) for t in tries), tries
+    result = min(tries, key=lambda t: t.elapsed_s)
     # headers make the wire ~4% longer than the payload; the cap must neither leak nor choke
     assert result.ratio_to_bound is not None
-    assert 0.97 <= result.ratio_to_bound <= 1.15, result
+    assert 0.97 <= result.ratio_to_bound <= 1.15, tries
 
 
 @pytest.mark.timeout(40)

@@ -18,7 +18,7 @@ from p2p_trainer.exchange import Failed
 from p2p_trainer.methods import OuterState
 from p2p_trainer.net.dht import left_by_dead_process
 from p2p_trainer.net.records import Liveness
-from p2p_trainer.net.state_sync import donor_order, first_download
+from p2p_trainer.net.state_sync import donor_order, first_download, heartbeat_lag_rounds
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "bench" / "chaos").glob("*.toml"))
 
@@ -60,6 +60,16 @@ def test_joiners_spread_over_the_freshest_donors() -> None:
     order = donor_order("joiner0", [*donors, ("joiner0", 11)])
     assert order[-1] == "old" and "new" not in order and "joiner0" not in order
     assert donor_order("x", [("y", 0)]) == []
+
+
+def test_short_rounds_widen_the_fresh_donors() -> None:
+    # 12 rounds/s read through a heartbeat up to 4 s old: a donor showing 40 rounds less may be level
+    slack = heartbeat_lag_rounds(12.0, 4.0)
+    assert slack == 49 and heartbeat_lag_rounds(1 / 60, 4.0) == 2 and heartbeat_lag_rounds(0.0, 4.0) == 1
+    donors = [("ahead", 81), ("lagging", 41), ("stuck", 3)]
+    assert donor_order("j", donors, slack)[-1] == "stuck"
+    assert set(donor_order("j", donors, slack)[:2]) == {"ahead", "lagging"}
+    assert donor_order("j", donors) == ["ahead", "lagging", "stuck"]  # one round of slack: by round
 
 
 def test_a_failed_donor_is_followed_by_the_next() -> None:

@@ -23,6 +23,9 @@ SLEEPER = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c',
 
 def main() -> None:
     mode = sys.argv[1]
+    # stand in for a tool run from a terminal: a shell starts background jobs (nohup, `&`) with
+    # SIGINT ignored, and the guard leaves an ignored signal alone
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tb = Testbed(TestbedConfig(hosts=(HostSpec("solo", cpu_cores=0.3),)))
     tb.start()
     devnull = subprocess.DEVNULL  # the sleepers must not hold the caller's pipes open

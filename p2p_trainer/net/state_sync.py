@@ -172,7 +172,9 @@ def heartbeat_lag_rounds(rounds_per_s: float, lag_s: float) -> int:
     period), and short rounds pass many rounds in that time. Donors serve their current state, not
     the round their heartbeat shows, so counting such a donor as stale would only skew the order.
     """
-    return 1 + math.ceil(max(0.0, rounds_per_s) * lag_s)
+    lag = max(0.0, rounds_per_s) * lag_s
+    # the rate comes from other peers' heartbeats: an absurd one widens the order, never crashes it
+    return 1 + math.ceil(min(lag, 1e9)) if math.isfinite(lag) else 1 + int(1e9)
 
 
 def donor_order(me: str, donors: Sequence[tuple[str, int]], slack_rounds: int = 1) -> list[str]:

@@ -66,6 +66,8 @@ def test_short_rounds_widen_the_fresh_donors() -> None:
     # 12 rounds/s read through a heartbeat up to 4 s old: a donor showing 40 rounds less may be level
     slack = heartbeat_lag_rounds(12.0, 4.0)
     assert slack == 49 and heartbeat_lag_rounds(1 / 60, 4.0) == 2 and heartbeat_lag_rounds(0.0, 4.0) == 1
+    # a peer's heartbeat may claim any finite throughput: the slack saturates instead of overflowing
+    assert heartbeat_lag_rounds(1e308, 4.0) == heartbeat_lag_rounds(float("inf"), 4.0) == 1 + 10**9
     donors = [("ahead", 81), ("lagging", 41), ("stuck", 3)]
     assert donor_order("j", donors, slack)[-1] == "stuck"
     assert set(donor_order("j", donors, slack)[:2]) == {"ahead", "lagging"}

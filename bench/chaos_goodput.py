@@ -1,6 +1,6 @@
 """Goodput under a kill schedule: our stack vs checkpoint-and-restart DiLoCo, in the same run.
 
-    PYTHONPATH=. python bench/chaos_goodput.py [--quick] [--out DIR]
+    python -m bench.chaos_goodput [--quick] [--out DIR]
 
 Three real-process swarms on loopback, one after the other, all with N peers and the same
 schedule of SIGKILLs (one every `kill_every_s`, peers in turn, starting `kill_every_s` after the
@@ -39,14 +39,14 @@ from typing import Any
 
 from safetensors import safe_open
 
-from p2p_trainer.chaos.report import peer_summary
-from p2p_trainer.chaos.runner import run_scenario
-from p2p_trainer.chaos.scenario import Event, Scenario
-from p2p_trainer.chaos.swarm import Node, Swarm
-from p2p_trainer.checkpoint import atomic_write_text
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
-from p2p_trainer.local import LocalOptions
-from p2p_trainer.metrics import read_records
+from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node
+from p2p_trainer.lab.chaos.report import peer_summary
+from p2p_trainer.lab.chaos.runner import run_scenario
+from p2p_trainer.lab.chaos.timeline import ChaosScenario, Event
+from p2p_trainer.run.local_swarm import LocalOptions
+from p2p_trainer.train.checkpoint import atomic_write_text
+from p2p_trainer.train.metrics import read_records
 
 RECOVER_RATIO = 2.23
 
@@ -150,7 +150,7 @@ def ours(plan: Plan, out: Path, kills: bool) -> dict[str, Any]:
     if kills:
         for at_s, peer in kill_times(plan, 3600.0):
             events += [Event(at_s, "kill", peer), Event(at_s + plan.restart_delay_s, "restart", peer)]
-    scenario = Scenario(
+    scenario = ChaosScenario(
         name="ours-churn" if kills else "ours-failure-free",
         peers=plan.peers,
         run=run_config(plan, plan.method, constant_work=True),
@@ -203,7 +203,7 @@ def checkpoint_restart_diloco(plan: Plan, out: Path, window_s: float) -> dict[st
     config_path = out / "config.toml"
     atomic_write_text(config_path, to_toml(cfg))
     opts = LocalOptions(config_path=config_path, run=cfg, peers=plan.peers, run_dir=out, torch_threads=1)
-    swarm = Swarm(opts)
+    swarm = ChaosSwarm(opts)
     # a checkpoint-restart job starts only with all its workers (however long they take to start)
     every = ["--checkpoint-every", str(plan.checkpoint_every), "--wait-timeout-s", "900"]
     boot = swarm.start_bootstrap()

@@ -1,6 +1,6 @@
 """Where an exchange's time goes on the WAN testbed: our butterfly over p2pd vs plain TCP vs the bound.
 
-    sudo PYTHONPATH=. python bench/exchange_profile.py [--peers 2 4] [--rounds 6]
+    python -m bench.exchange_profile [--peers 2 4] [--rounds 6]
 
 Issue 4's target is exchange time <= 1.15 x bytes / link rate. The WAN bench's per-peer
 `elapsed_s` also counts waiting for the group's last member, so this bench takes the peers out and
@@ -41,7 +41,7 @@ def _busy_training(stop: threading.Event, steps: list[float]) -> None:
     import torch
 
     from p2p_trainer.config import ModelConfig
-    from p2p_trainer.model import build_model
+    from p2p_trainer.train.model import build_model
 
     torch.set_num_threads(1)
     cfg = ModelConfig()
@@ -154,7 +154,7 @@ def _tcp_floor(tb: Any, n: int, nbytes: int) -> float:
     """Median over hosts of a plain TCP stream's time, all hosts sending at once (a ring)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from p2p_trainer.testbed import measure_transfer
+    from p2p_trainer.lab.testbed import measure_transfer
 
     with ThreadPoolExecutor(max_workers=n) as pool:
         futs = [pool.submit(measure_transfer, tb, f"h{i}", f"h{(i + 1) % n}", nbytes) for i in range(n)]
@@ -184,11 +184,10 @@ def main() -> int:
     if args.mode == "member":
         return member(args)
 
-    from wan_analysis import bound_s as link_bound_s
-    from wan_analysis import pair_bytes
-
-    from p2p_trainer.testbed import Testbed, TestbedConfig, support_problem
-    from p2p_trainer.testbed.config import HostSpec
+    from bench.wan.analysis import bound_s as link_bound_s
+    from bench.wan.analysis import pair_bytes
+    from p2p_trainer.lab.testbed import Testbed, TestbedConfig, support_problem
+    from p2p_trainer.lab.testbed.layout import HostSpec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     problem = support_problem()

@@ -5,7 +5,7 @@ budget run once over the exact in-process backend and once as a real swarm (boot
 processes with their own DHT node and p2p daemon on loopback). Prints both validation losses,
 their difference, and how many exchanges failed or timed out in each.
 
-    .venv/bin/python bench/network_vs_inprocess.py [--peers 4] [--rounds 30] [--h 10] [--out DIR]
+    .venv/bin/python -m bench.network_vs_inprocess [--peers 4] [--rounds 30] [--h 10] [--out DIR]
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from p2p_trainer.checkpoint import atomic_write_text
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
-from p2p_trainer.local import LocalOptions, run_local
-from p2p_trainer.local_inprocess import run_inprocess
+from p2p_trainer.run.local_swarm import LocalOptions, run_local
+from p2p_trainer.run.threads import run_inprocess
+from p2p_trainer.train.checkpoint import atomic_write_text
 
 METHODS = ("data-parallel", "diloco", "noloco", "factored", "independent")
 

@@ -3,7 +3,7 @@
 Both loops run AdamW with the same clipping on the same micro-batches; trials alternate so drift
 of a shared machine cancels, and the median of the per-trial ratios is reported.
 
-    .venv/bin/python bench/overhead.py [--steps 30] [--trials 7]
+    .venv/bin/python -m bench.overhead [--steps 30] [--trials 7]
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import time
 
 import torch
 
+from p2p_trainer.algo.methods import RoundReport
 from p2p_trainer.config import InnerConfig, OuterConfig, RunConfig
-from p2p_trainer.data import load_corpus
-from p2p_trainer.inprocess import InProcessSwarm
-from p2p_trainer.methods import RoundReport
-from p2p_trainer.model import build_model
-from p2p_trainer.trainer import Peer
+from p2p_trainer.exchange.inprocess import InProcessSwarm
+from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.model import build_model
+from p2p_trainer.train.trainer import Peer
 
 
 def bare_loop(cfg: RunConfig, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:

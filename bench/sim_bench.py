@@ -1,6 +1,6 @@
 """Bench: wall time and peak memory of the simulator on ~10^6 chips over a simulated day.
 
-Usage: python bench/sim_bench.py [SCENARIO.toml]   (default: bench/scenarios/million_chips.toml)
+Usage: python -m bench.sim_bench [SCENARIO.toml]   (default: bench/scenarios/million_chips.toml)
 Target on a 2-core machine: <= 60 s and <= 4 GB peak resident memory.
 """
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from p2p_trainer.sim import load_scenario, simulate
+from p2p_trainer.lab.sim import load_scenario, simulate
 
 DEFAULT = Path(__file__).parent / "scenarios" / "million_chips.toml"
 

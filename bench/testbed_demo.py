@@ -1,6 +1,6 @@
 """Bring up 4 hosts at 10 Mbit/s, time TCP transfers between pairs against bytes / rate, clean up.
 
-    sudo PYTHONPATH=. python bench/testbed_demo.py
+    python -m bench.testbed_demo
 
 First each link of the ring h0->h1->h2->h3->h0 alone, then all four at once (every host uploads
 one stream and downloads one, so each should still get its full rate). Needs root.
@@ -12,7 +12,7 @@ import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from p2p_trainer.testbed import (
+from p2p_trainer.lab.testbed import (
     Testbed,
     TestbedConfig,
     TransferResult,

@@ -12,11 +12,11 @@ import click
 import torch
 
 from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config, to_toml
-from p2p_trainer.data import DataError
+from p2p_trainer.lab.sim.command import simulate
 from p2p_trainer.logs import setup_logging
 from p2p_trainer.net.bootstrap_command import bootstrap
 from p2p_trainer.net.signals import install_stop_handlers
-from p2p_trainer.sim.command import simulate
+from p2p_trainer.train.data import DataError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "peers" / "default.toml"
 
@@ -179,7 +179,7 @@ def join(
     from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
     from p2p_trainer.net.identity import IdentityError
     from p2p_trainer.net.records import RunDefinitionMismatch
-    from p2p_trainer.node import JoinOptions, run_peer
+    from p2p_trainer.run.join import JoinOptions, run_peer
 
     cfg = resolve_config(config, method, rounds, seed)
     if torch_threads:
@@ -251,8 +251,8 @@ def local(
     import os
     import time
 
-    from p2p_trainer.checkpoint import atomic_write_text
-    from p2p_trainer.local import LocalOptions, run_local
+    from p2p_trainer.run.local_swarm import LocalOptions, run_local
+    from p2p_trainer.train.checkpoint import atomic_write_text
 
     cfg = resolve_config(config, method, rounds, seed)
     out = Path(run_dir or f"runs/local-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -298,13 +298,13 @@ def chaos(scenario_path: str, out: str | None) -> None:
 
     from rich.console import Console
 
-    from p2p_trainer.chaos.report import render_table
-    from p2p_trainer.chaos.runner import run_scenario
-    from p2p_trainer.chaos.scenario import ScenarioError, load_scenario
+    from p2p_trainer.lab.chaos.report import render_table
+    from p2p_trainer.lab.chaos.runner import run_scenario
+    from p2p_trainer.lab.chaos.timeline import ChaosScenarioError, load_chaos_scenario
 
     try:
-        scenario = load_scenario(scenario_path)
-    except ScenarioError as exc:
+        scenario = load_chaos_scenario(scenario_path)
+    except ChaosScenarioError as exc:
         raise click.ClickException(str(exc)) from None
     out_dir = Path(out or f"runs/chaos-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     stop = threading.Event()
@@ -339,7 +339,7 @@ def inprocess(
     config: str | None, method: str | None, rounds: int | None, seed: int | None, peers: int
 ) -> None:
     """Train N peers in one process over the exact in-process backend (the reference for the swarm)."""
-    from p2p_trainer.local_inprocess import run_inprocess
+    from p2p_trainer.run.threads import run_inprocess
 
     cfg = resolve_config(config, method, rounds, seed)
     try:

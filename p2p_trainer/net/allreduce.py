@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2p_trainer.exchange import ExchangeResult, Failed, Ok, valid_weight
+from p2p_trainer.exchange.interface import ExchangeResult, Failed, Ok, valid_weight
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Message, Transport
 

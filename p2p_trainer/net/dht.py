@@ -25,7 +25,8 @@ from typing import Any
 import hivemind
 from hivemind.p2p import PeerID
 
-from p2p_trainer.net import processes, reaper, records
+from p2p_trainer import processes
+from p2p_trainer.net import reaper, records
 from p2p_trainer.net.addresses import announce_maddr, host_maddr, validate_initial_peers
 from p2p_trainer.net.identity import (
     IdentityError,

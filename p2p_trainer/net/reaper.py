@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from p2p_trainer.net import processes
+from p2p_trainer import processes
 
 _POLL_S = 1.0
 

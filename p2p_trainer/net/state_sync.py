@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from hivemind.p2p import P2P, PeerID
 
-from p2p_trainer.exchange import Failed
-from p2p_trainer.methods import OuterState
+from p2p_trainer.algo.methods import OuterState
+from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.net.transport import MAX_HEADER_BYTES, Transport, decode_header, encode_header, read_frame
 
 logger = logging.getLogger(__name__)

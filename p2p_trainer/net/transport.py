@@ -23,7 +23,7 @@ import msgpack
 from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
 
-from p2p_trainer.net.processes import own_unix_socket_paths, remove_files
+from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
-from p2p_trainer.local import LocalOptions
-from p2p_trainer.metrics import read_records
+from p2p_trainer.run.local_swarm import LocalOptions
+from p2p_trainer.train.metrics import read_records
 
 
 def tiny_config(method: str, rounds: int, h: int = 5, **outer: float) -> RunConfig:

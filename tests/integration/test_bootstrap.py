@@ -17,11 +17,12 @@ from typing import Protocol
 
 import pytest
 
-from p2p_trainer.net import processes, records
+from p2p_trainer import processes
+from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.identity import IdentityInUseError
-from p2p_trainer.net.join import join_swarm
 from p2p_trainer.net.records import RunDefinitionMismatch
+from p2p_trainer.net.swarm_entry import join_swarm
 
 pytestmark = pytest.mark.timeout(60)
 

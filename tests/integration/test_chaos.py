@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from p2p_trainer.chaos.runner import run_scenario
-from p2p_trainer.chaos.scenario import load_scenario
-from p2p_trainer.metrics import read_records
+from p2p_trainer.lab.chaos.runner import run_scenario
+from p2p_trainer.lab.chaos.timeline import load_chaos_scenario
+from p2p_trainer.train.metrics import read_records
 
 pytestmark = pytest.mark.timeout(300)
 SMOKE = Path(__file__).resolve().parents[2] / "bench" / "chaos" / "smoke.toml"
 
 
 def test_smoke_scenario_kill_restart_stall_and_bootstrap_death(tmp_path: Path) -> None:
-    scenario = load_scenario(SMOKE)
+    scenario = load_chaos_scenario(SMOKE)
     report = run_scenario(scenario, tmp_path)
     events = {e["event"]: e for e in report["events"]}
     assert list(events) == [

@@ -10,14 +10,11 @@ failure-free run's (issue 5's bound). The numbers are printed (run with -s).
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from chaos_goodput import Plan, ours
+from bench.chaos_goodput import Plan, ours
 
 LOSS_BOUND = 0.05
 """nats/byte between the churned and the failure-free run's mean final validation loss."""

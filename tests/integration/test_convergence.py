@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
-from p2p_trainer.local_inprocess import InProcessResult, run_inprocess
+from p2p_trainer.run.threads import InProcessResult, run_inprocess
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from p2p_trainer.config import to_toml
-from p2p_trainer.local import start_bootstrap, start_peer
+from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
 from tests.integration.swarm_helpers import local_options, rounds_of, tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(240)

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from p2p_trainer.config import RunConfig
-from p2p_trainer.local import start_bootstrap, start_peer
-from p2p_trainer.metrics import read_records
+from p2p_trainer.lab.testbed.layout import TestbedConfig, uniform_hosts
+from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, testbed_factory
+from p2p_trainer.lab.testbed.testbed import Testbed
 from p2p_trainer.net.identity import load_or_create_identity
 from p2p_trainer.net.state_sync import donor_order
 from p2p_trainer.procs import Child, wait_all
-from p2p_trainer.testbed.config import TestbedConfig, uniform_hosts
-from p2p_trainer.testbed.pytest_fixture import TestbedFactory, testbed_factory
-from p2p_trainer.testbed.testbed import Testbed
+from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
+from p2p_trainer.train.metrics import read_records
 from tests.integration.swarm_helpers import (
     final_of,
     group_gone,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2p_trainer.checkpoint import read_anchor
-from p2p_trainer.local import start_bootstrap, start_peer
 from p2p_trainer.procs import Child, wait_all
+from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
+from p2p_trainer.train.checkpoint import read_anchor
 from tests.integration.swarm_helpers import (
     final_of,
     group_gone,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from p2p_trainer.testbed import (
+from p2p_trainer.lab.testbed import (
     HostSpec,
     Testbed,
     TestbedConfig,
@@ -25,10 +25,10 @@ from p2p_trainer.testbed import (
     measure_transfer,
     uniform_hosts,
 )
-from p2p_trainer.testbed import netns as tb_netns
-from p2p_trainer.testbed import processes as tb_processes
-from p2p_trainer.testbed.measure import PROBE_PATH
-from p2p_trainer.testbed.pytest_fixture import TestbedFactory, skip_unless_supported, testbed_factory
+from p2p_trainer.lab.testbed import netns as tb_netns
+from p2p_trainer.lab.testbed import pids as tb_processes
+from p2p_trainer.lab.testbed.measure import PROBE_PATH
+from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, skip_unless_supported, testbed_factory
 
 __all__ = ["testbed_factory"]  # the imported fixture is used by name
 

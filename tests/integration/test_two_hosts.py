@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from p2p_trainer.testbed.config import HostSpec, TestbedConfig
-from p2p_trainer.testbed.pytest_fixture import TestbedFactory, testbed_factory  # noqa: F401  (fixture)
+from p2p_trainer.lab.testbed.layout import HostSpec, TestbedConfig
+from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, testbed_factory  # noqa: F401  (fixture)
 from tests.integration.swarm_helpers import final_of, local_options, rounds_of, tiny_config
 
 pytestmark = pytest.mark.timeout(300)

@@ -1,4 +1,4 @@
-"""`bench/wan_bench.py --quick` end to end on the WAN testbed: the pipeline and sane numbers.
+"""`python -m bench.wan --quick` end to end on the WAN testbed: the pipeline and sane numbers.
 
 Checks the sanity of what was measured (issue 4 item 4), not the targets: data-parallel has the
 best loss per token, independent training the worst, and every peer's interface counters agree
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p_trainer.testbed.pytest_fixture import skip_unless_supported
+from p2p_trainer.lab.testbed.pytest_fixture import skip_unless_supported
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
     skip_unless_supported()
     out = tmp_path / "wan"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "wan_bench.py"), "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench.wan", "--quick", "--out", str(out)],
         cwd=REPO,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
         capture_output=True,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2p_trainer.exchange import Failed, Ok
+from p2p_trainer.exchange.interface import Failed, Ok
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Mailbox, Message

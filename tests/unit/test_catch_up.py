@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
-from p2p_trainer.data import load_corpus
-from p2p_trainer.inprocess import InProcessSwarm
+from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.net.state_sync import DonorState, catch_up_steps
-from p2p_trainer.trainer import Peer, adopt_state
+from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.trainer import Peer, adopt_state
 
 H = 10
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2p_trainer.chaos.report import peer_summary, tokens_per_round
-from p2p_trainer.chaos.scenario import ScenarioError, load_scenario, scenario_from_dict
-from p2p_trainer.exchange import Failed
-from p2p_trainer.methods import OuterState
+from p2p_trainer.algo.methods import OuterState
+from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.lab.chaos.report import peer_summary, tokens_per_round
+from p2p_trainer.lab.chaos.timeline import ChaosScenarioError, chaos_scenario_from_dict, load_chaos_scenario
 from p2p_trainer.net.dht import left_by_dead_process
 from p2p_trainer.net.records import Liveness
 from p2p_trainer.net.state_sync import donor_order, first_download, heartbeat_lag_rounds
@@ -25,7 +25,7 @@ SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "bench" / "chaos").glo
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.name)
 def test_every_shipped_scenario_loads(path: Path) -> None:
-    scenario = load_scenario(path)
+    scenario = load_chaos_scenario(path)
     assert scenario.events and scenario.peers >= 2
     assert list(scenario.events) == sorted(scenario.events, key=lambda e: e.at_s)
     assert scenario.needs_testbed == any(e.action in ("throttle", "cut", "heal") for e in scenario.events)
@@ -33,7 +33,7 @@ def test_every_shipped_scenario_loads(path: Path) -> None:
 
 def test_shipped_scenarios_cover_the_faults() -> None:
     assert len(SCENARIOS) >= 3
-    actions = {e.action for p in SCENARIOS for e in load_scenario(p).events}
+    actions = {e.action for p in SCENARIOS for e in load_chaos_scenario(p).events}
     assert actions == {"kill", "stall", "resume", "restart", "kill_bootstrap", "throttle", "cut", "heal"}
 
 
@@ -49,8 +49,8 @@ def test_shipped_scenarios_cover_the_faults() -> None:
     ],
 )
 def test_bad_scenarios_say_what_to_change(events: list[dict[str, object]], match: str) -> None:
-    with pytest.raises(ScenarioError, match=match):
-        scenario_from_dict({"peers": 2, "events": events})
+    with pytest.raises(ChaosScenarioError, match=match):
+        chaos_scenario_from_dict({"peers": 2, "events": events})
 
 
 def test_joiners_spread_over_the_freshest_donors() -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2p_trainer.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, state_hash
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
-from p2p_trainer.data import load_corpus
-from p2p_trainer.inprocess import InProcessSwarm
-from p2p_trainer.trainer import Peer
+from p2p_trainer.exchange.inprocess import InProcessSwarm
+from p2p_trainer.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, state_hash
+from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.trainer import Peer
 
 
 def _cfg(seed: int = 0) -> RunConfig:

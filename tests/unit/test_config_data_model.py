@@ -17,8 +17,8 @@ from p2p_trainer.config import (
     config_from_dict,
     load_config,
 )
-from p2p_trainer.data import DataError, TokenStream, load_corpus, validation_batches
-from p2p_trainer.model import build_model
+from p2p_trainer.train.data import DataError, TokenStream, load_corpus, validation_batches
+from p2p_trainer.train.model import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from p2p_trainer.algo.grace import GraceTracker, grace_window_s, quorum_size
 from p2p_trainer.config import ConfigError, OuterConfig
-from p2p_trainer.grace import GraceTracker, grace_window_s, quorum_size
 from p2p_trainer.net.health import PeerHealth
 
 
@@ -72,7 +72,7 @@ def test_peer_health_suspects_only_peers_reached_before() -> None:
 
 
 def test_rejoin_target_is_the_majority_round() -> None:
-    from p2p_trainer.node import rejoin_target
+    from p2p_trainer.run.join import rejoin_target
 
     assert rejoin_target(5, [20, 21], 3) == 20  # stalled: behind the others
     assert rejoin_target(120, [30, 31], 3) == 31  # alone behind a cut link: raced ahead
@@ -85,9 +85,9 @@ def test_rejoin_target_is_the_majority_round() -> None:
 
 
 def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
-    from p2p_trainer.methods import ExchangeRecord, RoundReport
-    from p2p_trainer.node import alone_rounds
-    from p2p_trainer.trainer import RoundMetrics
+    from p2p_trainer.algo.methods import ExchangeRecord, RoundReport
+    from p2p_trainer.run.join import alone_rounds
+    from p2p_trainer.train.trainer import RoundMetrics
 
     def metrics(*records: ExchangeRecord) -> RoundMetrics:
         return RoundMetrics(0, 0, 0, 0.0, 0.0, 0.0, 0.0, RoundReport(0, list(records)))
@@ -108,7 +108,7 @@ def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
 
 def test_estimated_round_adds_what_the_reported_throughput_allows() -> None:
     from p2p_trainer.net.records import Heartbeat
-    from p2p_trainer.node import estimated_round
+    from p2p_trainer.run.join import estimated_round
 
     beat = Heartbeat("x", 10, 0, None, 500.0, "0", timestamp=100.0)
     assert estimated_round(beat, 102.0, 250) == 14  # 2 s at 2 rounds/s

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from p2p_trainer.exchange import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
-from p2p_trainer.groups import group_seed, partition
-from p2p_trainer.inprocess import InProcessSwarm
+from p2p_trainer.algo.groups import group_seed, partition
+from p2p_trainer.exchange.inprocess import InProcessSwarm
+from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
 
 
 def _run_all(n: int, fn: Callable[[int], ExchangeResult]) -> list[ExchangeResult]:

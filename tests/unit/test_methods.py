@@ -6,12 +6,12 @@ import threading
 
 import torch
 
-from p2p_trainer import outer
+from p2p_trainer.algo import outer
+from p2p_trainer.algo.groups import group_seed, partition
+from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
 from p2p_trainer.config import OuterConfig
-from p2p_trainer.exchange import ExchangeRequest, Ok
-from p2p_trainer.groups import group_seed, partition
-from p2p_trainer.inprocess import InProcessSwarm
-from p2p_trainer.methods import OuterState, RoundReport, build_method, grace_tracker
+from p2p_trainer.exchange.inprocess import InProcessSwarm
+from p2p_trainer.exchange.interface import ExchangeRequest, Ok
 
 
 def _peers(n: int, seed: int = 0) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from p2p_trainer import outer
+from p2p_trainer.algo import outer
 
 
 def _rand(seed: int, *shapes: tuple[int, ...]) -> list[torch.Tensor]:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from p2p_trainer.sim import simulate
-from p2p_trainer.sim.calibration import PUBLISHED, TOLERANCE, PublishedPoint, published_scenario
+from p2p_trainer.lab.sim import simulate
+from p2p_trainer.lab.sim.calibration import PUBLISHED, TOLERANCE, PublishedPoint, published_scenario
 
 
 @pytest.mark.parametrize("point", PUBLISHED, ids=[p.label for p in PUBLISHED])

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from p2p_trainer.sim import Scenario, simulate
-from p2p_trainer.sim.command import simulate as simulate_command
-from p2p_trainer.sim.report import atomic_write
+from p2p_trainer.lab.sim import Scenario, simulate
+from p2p_trainer.lab.sim.command import simulate as simulate_command
+from p2p_trainer.lab.sim.output import atomic_write
 
 SMALL = ["--num-chips", "64", "--num-peers", "8", "--chips-per-slice", "8", "--horizon-s", "7200"]
 

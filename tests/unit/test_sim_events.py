@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from p2p_trainer.sim.events import Pauses, Repairs, absorbed_mask, sample_failures
+from p2p_trainer.lab.sim.events import Pauses, Repairs, absorbed_mask, sample_failures
 
 ONE = np.array([0], dtype=np.int64)
 

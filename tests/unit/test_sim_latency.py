@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from p2p_trainer.sim import Scenario, simulate
-from p2p_trainer.sim.latency import group_average_s, ring_allreduce_s, tree_allreduce_s
+from p2p_trainer.lab.sim import Scenario, simulate
+from p2p_trainer.lab.sim.latency import group_average_s, ring_allreduce_s, tree_allreduce_s
 
 B = 4e8  # 100M fp32 parameters
 BW = 1e9 / 8  # 1 Gbit/s

@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from p2p_trainer.sim import Scenario, simulate
-from p2p_trainer.sim.decoupled import decoupled
-from p2p_trainer.sim.events import FailureEvents
-from p2p_trainer.sim.latency import ring_allreduce_s
-from p2p_trainer.sim.methods import elastic_dp, sync_dp
-from p2p_trainer.sim.swarm import Swarm
+from p2p_trainer.lab.sim import Scenario, simulate
+from p2p_trainer.lab.sim.decoupled import decoupled
+from p2p_trainer.lab.sim.events import FailureEvents
+from p2p_trainer.lab.sim.latency import ring_allreduce_s
+from p2p_trainer.lab.sim.sampled import SampledSwarm
+from p2p_trainer.lab.sim.timing import elastic_dp, sync_dp
 
 NO_FAILURES = Scenario(
     num_chips=64,
@@ -99,7 +99,7 @@ def test_same_seed_same_result_other_seed_differs() -> None:
 
 
 def test_predict_reports_what_a_testbed_measures() -> None:
-    from p2p_trainer.sim import predict
+    from p2p_trainer.lab.sim import predict
 
     s = dataclasses.replace(NO_FAILURES, methods=("diloco", "noloco"))
     pred = predict(s)
@@ -126,7 +126,7 @@ def test_one_injected_failure_costs_exactly_pause_lost_work_and_repair() -> None
         latency_ms=0.0,
         horizon_s=7200.0,
     )
-    sw = Swarm.sample(s)
+    sw = SampledSwarm.sample(s)
     one = FailureEvents(np.array([1000.0]), np.array([5], dtype=np.int64), repair_s=600.0, chips_per_slice=64)
     sw = dataclasses.replace(sw, failures=one)
     lost = float(sw.lost_work_s(2.0)[0])
@@ -171,7 +171,7 @@ def test_testbed_terms_link_efficiency_round_overhead_and_overlap_cpu() -> None:
 
 
 def test_link_efficiency_out_of_range_is_refused() -> None:
-    from p2p_trainer.sim.scenario import ScenarioError
+    from p2p_trainer.lab.sim.scenario import ScenarioError
 
     with pytest.raises(ScenarioError, match="link_efficiency"):
         dataclasses.replace(NO_FAILURES, link_efficiency=1.5).validate()

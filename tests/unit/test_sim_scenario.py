@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p_trainer.sim.scenario import Scenario, ScenarioError, load_scenario
+from p2p_trainer.lab.sim.scenario import Scenario, ScenarioError, load_scenario
 
 
 def test_defaults_are_valid() -> None:

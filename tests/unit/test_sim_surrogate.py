@@ -5,9 +5,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from p2p_trainer.sim import Scenario, simulate
-from p2p_trainer.sim.events import derived_rng
-from p2p_trainer.sim.surrogate import DIM, _group_mean, _Learners, _Problem, consensus_distance, run_surrogate
+from p2p_trainer.lab.sim import Scenario, simulate
+from p2p_trainer.lab.sim.events import derived_rng
+from p2p_trainer.lab.sim.surrogate import (
+    DIM,
+    _group_mean,
+    _Learners,
+    _Problem,
+    consensus_distance,
+    run_surrogate,
+)
 
 
 def test_group_mean_moves_each_member_to_its_group_mean() -> None:

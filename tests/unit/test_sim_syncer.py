@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from p2p_trainer.sim.decoupled import GraceWindow, arrivals_from_matrix, run_syncer
+from p2p_trainer.lab.sim.decoupled import GraceWindow, arrivals_from_matrix, run_syncer
 
 INF = np.inf
 

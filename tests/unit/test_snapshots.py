@@ -2,7 +2,7 @@ from pathlib import Path
 
 import torch
 
-from p2p_trainer.snapshots import list_snapshots, load_snapshot, save_snapshot
+from p2p_trainer.train.snapshots import list_snapshots, load_snapshot, save_snapshot
 
 
 def test_snapshots_round_trip_with_metadata_in_round_order(tmp_path: Path) -> None:

@@ -11,16 +11,17 @@ import time
 
 import pytest
 
-from p2p_trainer.testbed import HostSpec, TestbedConfig, TestbedConfigError, processes, uniform_hosts
-from p2p_trainer.testbed.netns import (
+from p2p_trainer.lab.testbed import HostSpec, TestbedConfig, TestbedConfigError, uniform_hosts
+from p2p_trainer.lab.testbed import pids as processes
+from p2p_trainer.lab.testbed.netns import (
     LinkCounters,
     NetnsError,
     ShaperParams,
     _tcp_retrans_segs,
     support_problem,
 )
-from p2p_trainer.testbed.pytest_fixture import skip_unless_supported
-from p2p_trainer.testbed.stale import _owner_pid
+from p2p_trainer.lab.testbed.pytest_fixture import skip_unless_supported
+from p2p_trainer.lab.testbed.stale import _owner_pid
 
 
 def test_default_config_is_valid_and_addresses_stay_in_the_subnet() -> None:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from wan_analysis import (
+from bench.wan.analysis import (
     add_exchange_bytes,
     consensus_distance,
     group_transfer_ratios,
@@ -20,8 +17,8 @@ from wan_analysis import (
     pair_bytes,
     time_to_loss,
 )
-from wan_runs import SwarmSpec, peer_budget_s, rounds_logged
-from wan_targets import sanity, seed_comparison
+from bench.wan.runs import SwarmSpec, peer_budget_s, rounds_logged
+from bench.wan.targets import sanity, seed_comparison
 
 
 def _curve(points: list[tuple[float, float, float]]) -> list[dict[str, float]]:

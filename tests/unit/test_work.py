@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from p2p_trainer.algo.work import WorkQuota, micro_batch_tokens, share_of
 from p2p_trainer.config import ConfigError, DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
-from p2p_trainer.data import load_corpus
-from p2p_trainer.inprocess import InProcessSwarm
-from p2p_trainer.trainer import Peer
-from p2p_trainer.work import WorkQuota, micro_batch_tokens, share_of
+from p2p_trainer.exchange.inprocess import InProcessSwarm
+from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.trainer import Peer
 
 H = 4
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from p2p_trainer.testbed import HostSpec, Testbed, TestbedConfig
+from p2p_trainer.lab.testbed import HostSpec, Testbed, TestbedConfig
 
 SLEEPER = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"
 

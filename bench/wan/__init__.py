@@ -1,0 +1,1 @@
+"""The WAN head-to-head: `python -m bench.wan ...` (see `__main__`)."""

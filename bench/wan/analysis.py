@@ -1,0 +1,307 @@
+"""What a WAN-bench run measured: loss curves from snapshots, utilisation, blocking, bytes, consensus.
+
+Everything here reads files a finished run left behind (metrics.jsonl, snapshots, checkpoints,
+run.json with interface counters); evaluation happens after training, so it costs no training time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2p_trainer.config import RunConfig
+from p2p_trainer.train.data import load_corpus, validation_batches
+from p2p_trainer.train.metrics import read_records
+from p2p_trainer.train.model import build_model
+from p2p_trainer.train.snapshots import SnapshotInfo, list_snapshots, load_snapshot
+
+
+class Evaluator:
+    """Validation loss (nats/byte) of parameter lists, on the fixed validation batches."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.model = build_model(cfg.model, cfg.seed)
+        corpus = load_corpus(cfg.data, cfg.model.seq_len)
+        self.batches = validation_batches(
+            corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches
+        )
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+
+    @torch.no_grad()
+    def loss(self, tensors: list[torch.Tensor]) -> float:
+        for p, t in zip(self.model.parameters(), tensors, strict=True):
+            p.copy_(t)
+        self.model.eval()
+        return sum(float(self.model(x, y)) for x, y in self.batches) / len(self.batches)
+
+
+def pctl(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(vals) if vals else None
+
+
+def pair_bytes(group: int, num_params: int, value_bytes: int = 4) -> float:
+    """Bytes one member sends (and receives) in a butterfly average over `group` (float32: 4 bytes)."""
+    return 2 * (group - 1) / group * value_bytes * num_params if group > 1 else 0.0
+
+
+def bound_s(group: int, num_params: int, rate_mbit: float, value_bytes: int = 4) -> float:
+    """The physical bound of one member's exchange: its butterfly bytes / link rate."""
+    return pair_bytes(group, num_params, value_bytes) * 8 / (rate_mbit * 1e6)
+
+
+# ------------------------------------------------------------------------------------------- curves
+def loss_curve(
+    run_dir: Path, peers: int, ev: Evaluator, max_points: int, budget_s: float
+) -> list[dict[str, float]]:
+    """Mean over peers of each peer's own φ at the snapshot rounds every peer reached in the budget."""
+    snaps: list[dict[int, SnapshotInfo]] = [
+        {s.round: s for s in list_snapshots(run_dir / f"peer{i}" / "snapshots") if s.time_s <= budget_s}
+        for i in range(peers)
+    ]
+    common = sorted(set.intersection(*(set(s) for s in snaps))) if snaps else []
+    if len(common) > max_points:
+        stride = len(common) / max_points
+        picked = {common[min(len(common) - 1, int(k * stride))] for k in range(max_points)}
+        common = sorted(picked | {common[-1]})
+    curve = []
+    for rnd in common:
+        infos = [s[rnd] for s in snaps]
+        curve.append(
+            {
+                "round": rnd,
+                "time_s": max(i.time_s for i in infos),
+                "tokens": sum(i.tokens for i in infos),
+                "step": infos[0].step,
+                "val_loss": statistics.fmean(ev.loss(load_snapshot(i.path)) for i in infos),
+            }
+        )
+    return curve
+
+
+def loss_at_time(curve: list[dict[str, float]], t: float) -> float | None:
+    before = [p for p in curve if p["time_s"] <= t]
+    return before[-1]["val_loss"] if before else None
+
+
+def loss_at_tokens(curve: list[dict[str, float]], tokens: float) -> float | None:
+    for a, b in itertools.pairwise(curve):
+        if a["tokens"] <= tokens <= b["tokens"]:
+            w = (tokens - a["tokens"]) / max(1.0, b["tokens"] - a["tokens"])
+            return a["val_loss"] + w * (b["val_loss"] - a["val_loss"])
+    if curve and abs(curve[-1]["tokens"] - tokens) < 1:
+        return curve[-1]["val_loss"]
+    return None
+
+
+def time_to_loss(curve: list[dict[str, float]], target: float) -> float | None:
+    return next((p["time_s"] for p in curve if p["val_loss"] <= target), None)
+
+
+# ------------------------------------------------------------------------------------------- one run
+HEADER_BYTES_PER_PACKET = 66
+"""Ethernet (14) + IPv4 (20) + TCP with timestamps (32): what every packet adds to its payload."""
+
+
+def final_anchors(run_dir: Path, peers: int) -> list[list[torch.Tensor]]:
+    """Every peer's φ at the last snapshot round all of them reached."""
+    snaps = [{s.round: s for s in list_snapshots(run_dir / f"peer{i}" / "snapshots")} for i in range(peers)]
+    common = set.intersection(*(set(s) for s in snaps)) if snaps else set()
+    return [load_snapshot(s[max(common)].path) for s in snaps] if common else []
+
+
+def consensus_distance(anchors: list[list[torch.Tensor]]) -> float | None:
+    """mean_i ‖φ_i − φ̄‖ / ‖φ̄‖ over the flattened anchors (ALGORITHMS.md §8)."""
+    if len(anchors) < 2:
+        return None
+    flat = torch.stack([torch.cat([t.reshape(-1).float() for t in a]) for a in anchors])
+    mean = flat.mean(0)
+    return float((flat - mean).norm(dim=1).mean() / mean.norm())
+
+
+def _peer_stats(
+    recs: list[dict[str, Any]],
+    budget_s: float,
+    peers: int,
+    rate_mbit: float,
+    num_params: int,
+    value_bytes: int = 4,
+) -> tuple[dict[str, Any], list[float], dict[str, list[float]]]:
+    """Timing from the rounds that ended within the budget (a peer that outlived the others' budget
+    waits out an exchange timeout: not a round of the method); bytes theory from every round."""
+    all_rounds = [r for r in recs if r.get("kind") == "round"]
+    rounds = [r for r in all_rounds if r["time_s"] <= budget_s]
+    compute, wall = sum(r["compute_s"] for r in rounds), sum(r["wall_s"] for r in rounds)
+    steps = rounds[-1]["step"] if rounds else 0
+    blocked = [r["blocked_s"] for r in rounds]
+    ratios: dict[str, list[float]] = {}
+    theory = theory_failed = 0.0
+    groups: dict[str, list[int]] = {}
+    for r in all_rounds:
+        for e in r["exchanges"]:
+            if e["ok"]:
+                groups.setdefault(e["tag"], []).append(e["group_size"] if e["group_size"] > 0 else peers)
+    for r in all_rounds:
+        for e in r["exchanges"]:
+            g = e["group_size"] if e["group_size"] > 0 else peers  # hivemind: all peers
+            if not e["ok"]:
+                # a failed exchange records a group of one, but moved (most of) its bytes first:
+                # charge it the tag's usual group
+                usual = groups.get(e["tag"])
+                theory_failed += pair_bytes(statistics.mode(usual), num_params, value_bytes) if usual else 0.0
+                continue
+            if g < 2:
+                continue
+            theory += pair_bytes(g, num_params, value_bytes)
+            if r in rounds:
+                bound = bound_s(g, num_params, rate_mbit, value_bytes)
+                ratios.setdefault(e["tag"], []).append(e["elapsed_s"] / bound)
+    exchanges = [e for r in rounds for e in r["exchanges"]]
+    stats = {
+        "rounds": len(rounds),
+        "steps": steps,
+        "utilisation": compute / wall if wall else None,
+        "round_time_s": wall / len(rounds) if rounds else None,
+        "step_compute_s": compute / steps if steps else None,
+        "theory_bytes": theory,
+        "theory_bytes_failed": theory_failed,
+        "failed_exchanges": sum(1 for e in exchanges if not e["ok"]),
+        "exchanges": len(exchanges),
+    }
+    return stats, blocked, ratios
+
+
+def group_transfer_ratios(
+    peers_recs: list[list[dict[str, Any]]],
+    window_s: float,
+    rate_mbit: float,
+    num_params: int,
+    value_bytes: int = 4,
+) -> dict[str, list[float]]:
+    """Per tag, each complete group exchange's time from its last member's start to its last
+    member's result, over bytes / link rate.
+
+    A peer's own `elapsed_s` also counts the wait for members that reached the exchange later
+    (compute skew: blocked time, reported as such). Here the exchange is timed from the moment the
+    whole group was in it, by lining the members' records up on the clock the bench's peers share
+    (`started_unix`) under the group key they share. Exchanges that left a member out are skipped.
+    """
+    by_key: dict[str, list[tuple[str, int, float, float]]] = {}
+    for recs in peers_recs:
+        for r in recs:
+            if r.get("kind") != "round" or r["time_s"] > window_s:
+                continue
+            for e in r["exchanges"]:
+                if e["ok"] and e.get("group") and e.get("started_unix"):
+                    start = e["started_unix"]
+                    by_key.setdefault(e["group"], []).append(
+                        (e["tag"], e["group_size"], start, start + e["elapsed_s"])
+                    )
+    out: dict[str, list[float]] = {}
+    for members in by_key.values():
+        tag, g = members[0][0], members[0][1]
+        if g < 2 or len(members) != g or any(m[1] != g for m in members):
+            continue
+        span = max(m[3] for m in members) - max(m[2] for m in members)
+        out.setdefault(tag, []).append(span / bound_s(g, num_params, rate_mbit, value_bytes))
+    return out
+
+
+def run_stats(
+    run_dir: Path,
+    run: dict[str, Any],
+    peers: int,
+    rate_mbit: float,
+    budget_s: float,
+    num_params: int,
+    value_bytes: int = 4,
+) -> dict[str, Any]:
+    """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus."""
+    per_peer, blocked, ratios, peers_recs = [], [], {}, []
+    for i in range(peers):
+        recs = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
+        peers_recs.append(recs)
+        stats, b, r = _peer_stats(recs, budget_s, peers, rate_mbit, num_params, value_bytes)
+        blocked += b
+        for tag, v in r.items():
+            ratios.setdefault(tag, []).extend(v)
+        iface = run["iface"][f"peer{i}"]
+        stats["tx_bytes"], stats["rx_bytes"] = iface["tx_bytes"], iface["rx_bytes"]
+        stats["tx_payload_bytes"] = iface["tx_bytes"] - HEADER_BYTES_PER_PACKET * iface.get("tx_packets", 0)
+        stats["tcp_retrans_segs"] = iface.get("tcp_retrans_segs")
+        per_peer.append(stats)
+    rounds_done = min(p["rounds"] for p in per_peer)
+    tx = statistics.fmean(p["tx_bytes"] for p in per_peer)
+    payload = statistics.fmean(p["tx_payload_bytes"] for p in per_peer)
+    theory_ok = statistics.fmean(p["theory_bytes"] for p in per_peer)
+    theory = theory_ok + statistics.fmean(p["theory_bytes_failed"] for p in per_peer)
+    all_rounds = statistics.fmean(sum(1 for r in recs if r.get("kind") == "round") for recs in peers_recs)
+    return {
+        "per_peer": per_peer,
+        "rounds_min": rounds_done,
+        "rounds_all": all_rounds,
+        "utilisation": median([p["utilisation"] for p in per_peer]),
+        "step_compute_s": median([p["step_compute_s"] for p in per_peer]),
+        "round_time_s": median([p["round_time_s"] for p in per_peer]),
+        "blocked_p50_s": pctl(blocked, 0.5),
+        "blocked_p95_s": pctl(blocked, 0.95),
+        "blocked_max_s": max(blocked) if blocked else None,
+        "tx_bytes_per_peer": tx,
+        "rx_bytes_per_peer": statistics.fmean(p["rx_bytes"] for p in per_peer),
+        "theory_bytes_per_peer": theory,
+        "theory_bytes_per_peer_ok_only": theory_ok,
+        "wire_bytes_vs_theory": tx / theory if theory else None,
+        "tx_payload_bytes_per_peer": payload,
+        "wall_s": run["wall_s"],
+        "bytes_vs_theory": payload / theory if theory else None,
+        "tx_bytes_per_peer_per_round": tx / all_rounds if all_rounds else None,
+        "exchange_time_vs_bound": {
+            tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95)} for tag, v in ratios.items()
+        },
+        "transfer_time_vs_bound": {
+            tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95), "n": len(v)}
+            for tag, v in group_transfer_ratios(
+                peers_recs, budget_s, rate_mbit, num_params, value_bytes
+            ).items()
+        },
+        "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),
+        "exchanges": sum(p["exchanges"] for p in per_peer),
+        "consensus_distance": consensus_distance(final_anchors(run_dir, peers)),
+    }
+
+
+def add_exchange_bytes(runs: list[dict[str, Any]]) -> None:
+    """Split each run's payload into control plane and exchange, using the same seed's independent run.
+
+    Every node also moves DHT, heartbeat and p2p housekeeping bytes, whatever its method; the
+    independent run moves only those. Their rate (payload bytes per peer per second of the run)
+    times a run's wall time is its control plane, and the rest is what its exchanges moved:
+    `exchange_bytes_vs_theory` compares that with the butterfly theory. (Measured: ~2% of
+    DiLoCo's payload on the --quick model, ~1.7% on the default one.)
+    """
+    control_rate = {
+        r["seed"]: r["stats"]["tx_payload_bytes_per_peer"] / r["stats"]["wall_s"]
+        for r in runs
+        if r["variant"] == "independent" and r["stats"].get("wall_s")
+    }
+    for r in runs:
+        st = r["stats"]
+        theory = st.get("theory_bytes_per_peer")
+        if r["seed"] not in control_rate or not theory:
+            st["control_bytes_per_peer"] = st["exchange_bytes_vs_theory"] = None
+            continue
+        control = control_rate[r["seed"]] * st["wall_s"]
+        st["control_bytes_per_peer"] = control
+        st["exchange_bytes_vs_theory"] = (st["tx_payload_bytes_per_peer"] - control) / theory

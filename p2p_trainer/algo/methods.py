@@ -1,0 +1,322 @@
+"""One strategy object per outer method, chosen once at construction (`build_method`).
+
+A strategy owns the method's exchanges and calls the pure math in `outer.py`. The trainer calls
+`begin_round` before the inner steps, `sync_gradients` after each backward pass, and `end_round`
+after the inner steps; no method flags are tested inside the loop. A failed exchange is recorded
+and the peer continues with its own tensors (the "group of one").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from p2p_trainer.algo import outer
+from p2p_trainer.algo.grace import GraceTracker
+from p2p_trainer.config import OuterConfig
+from p2p_trainer.exchange.interface import ALL, Exchange, ExchangeRequest, ExchangeResult, Ok, PendingExchange
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OuterState:
+    """φ (anchor), m (outer momentum) and the outer round: what a late joiner downloads."""
+
+    anchor: list[torch.Tensor]
+    momentum: list[torch.Tensor]
+    round: int = 0
+
+    @classmethod
+    def from_params(cls, params: list[torch.Tensor]) -> OuterState:
+        anchor = [p.detach().float().clone() for p in params]
+        return cls(anchor=anchor, momentum=[torch.zeros_like(a) for a in anchor])
+
+
+@dataclass
+class ExchangeRecord:
+    tag: str
+    ok: bool
+    group_size: int
+    elapsed_s: float
+    blocked_s: float
+    bytes_sent: int
+    bytes_received: int
+    reason: str = ""
+    left_out: tuple[str, ...] = ()
+    own_parts: int = 0
+    late_parts: int = 0
+    started_unix: float = 0.0
+    group: str = ""
+    """The exchange's group key: members' records of one exchange share it (benches line them up)."""
+
+    @property
+    def merged(self) -> bool:
+        """Did another peer's values reach this peer's result? A partial result (some parts kept
+        as own values, so group_size 1) did merge; a group of one or a failure did not."""
+        return self.ok and (self.group_size >= 2 or self.own_parts > 0)
+
+
+@dataclass
+class RoundReport:
+    round: int
+    exchanges: list[ExchangeRecord] = field(default_factory=list)
+
+    @property
+    def blocked_s(self) -> float:
+        return sum(e.blocked_s for e in self.exchanges)
+
+    def add(self, tag: str, res: ExchangeResult, blocked_s: float) -> ExchangeResult:
+        if isinstance(res, Ok):
+            rec = ExchangeRecord(
+                tag,
+                True,
+                res.group_size,
+                res.elapsed_s,
+                blocked_s,
+                res.bytes_sent,
+                res.bytes_received,
+                left_out=res.left_out,
+                own_parts=res.own_parts,
+                late_parts=res.late_parts,
+                started_unix=res.started_unix,
+                group=res.group_key,
+            )
+            if res.left_out:
+                logger.info("round %d: %s left out %s", self.round, tag, ", ".join(res.left_out))
+        else:
+            logger.info("round %d: %s exchange failed (%s); keeping own tensors", self.round, tag, res.reason)
+            rec = ExchangeRecord(tag, False, 1, res.elapsed_s, blocked_s, 0, 0, res.reason)
+        self.exchanges.append(rec)
+        return res
+
+
+def copy_into(params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """θ ← values, in place, keeping each parameter's dtype and device."""
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+
+
+class OuterMethod(Protocol):
+    def begin_round(self, state: OuterState, weight: float) -> None: ...
+
+    def sync_gradients(self, grads: list[torch.Tensor], step: int, report: RoundReport) -> None: ...
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        """Exchange, outer step, θ ← φ; advances `state.round`."""
+        ...
+
+
+class _NoGradientSync:
+    def sync_gradients(self, grads: list[torch.Tensor], step: int, report: RoundReport) -> None:
+        return None
+
+
+def grace_tracker(cfg: OuterConfig) -> GraceTracker:
+    """The §4 timing state of one peer, from its outer config."""
+    return GraceTracker(cfg.grace_overlap_steps, cfg.grace_gamma, cfg.grace_min_s, cfg.grace_max_s)
+
+
+class _BlockingExchanges:
+    """Shared by the methods: one timed, recorded exchange with a quorum and grace window (§4)."""
+
+    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
+        self.cfg, self.exchange = cfg, exchange
+        self.timing = timing if timing is not None else grace_tracker(cfg)
+
+    def _request(self, tag: str, rnd: int, group: int, weight: float, step: int = 0) -> ExchangeRequest:
+        cfg = self.cfg
+        return ExchangeRequest(
+            tag,
+            rnd,
+            group,
+            weight if cfg.token_weighted else 1.0,
+            cfg.exchange_timeout_s,
+            step,
+            quorum_fraction=cfg.quorum_fraction,
+            quorum_wait_s=cfg.quorum_wait_max_s,
+            grace_s=self.timing.window_s(),
+            result_wait_s=self.timing.result_wait_s(),
+            wire_dtype=cfg.wire_dtype,
+        )
+
+    def _average(
+        self,
+        tensors: list[torch.Tensor],
+        tag: str,
+        rnd: int,
+        group: int,
+        weight: float,
+        report: RoundReport,
+        step: int = 0,
+    ) -> ExchangeResult:
+        t0 = time.monotonic()
+        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step))
+        if isinstance(res, Ok):
+            self.timing.observe_exchange(res.quorum_s, res.sync_s)
+        return report.add(tag, res, time.monotonic() - t0)
+
+
+def _finish(
+    params: list[torch.Tensor], state: OuterState, anchor: list[torch.Tensor], momentum: list[torch.Tensor]
+) -> None:
+    state.anchor, state.momentum = anchor, momentum
+    state.round += 1
+    copy_into(params, anchor)
+
+
+class DiLoCo(_NoGradientSync, _BlockingExchanges):
+    """§1: blocking all-peer average of Δ, Nesterov outer step."""
+
+    def begin_round(self, state: OuterState, weight: float) -> None:
+        return None
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
+        res = self._average(delta, "outer", state.round, ALL, weight, report)
+        mean_delta = res.tensors if isinstance(res, Ok) else delta
+        _finish(
+            params,
+            state,
+            *outer.nesterov_outer_step(
+                state.anchor, state.momentum, mean_delta, self.cfg.outer_lr, self.cfg.outer_momentum
+            ),
+        )
+
+
+class NoLoCo(_NoGradientSync, _BlockingExchanges):
+    """§2: average with one random group per round; γ = α needs only mean_G(θ) (1× the model)."""
+
+    def begin_round(self, state: OuterState, weight: float) -> None:
+        return None
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        cfg, fast = self.cfg, [p.detach().float() for p in params]
+        if cfg.effective_gamma == cfg.outer_lr:
+            res = self._average(fast, "noloco", state.round, cfg.group_size, weight, report)
+            mean_fast = res.tensors if isinstance(res, Ok) else fast
+            new = outer.noloco_shortcut_step(
+                state.anchor, state.momentum, mean_fast, cfg.outer_lr, cfg.outer_momentum
+            )
+        else:
+            n = len(fast)
+            descent = [t - a for t, a in zip(fast, state.anchor, strict=True)]
+            res = self._average(descent + state.anchor, "noloco", state.round, cfg.group_size, weight, report)
+            mean = res.tensors if isinstance(res, Ok) else descent + state.anchor
+            new = outer.noloco_outer_step(
+                state.anchor,
+                state.momentum,
+                mean[:n],
+                mean[n:],
+                cfg.outer_lr,
+                cfg.outer_momentum,
+                cfg.effective_gamma,
+            )
+        _finish(params, state, *new)
+
+
+class FactoredGossip(_NoGradientSync, _BlockingExchanges):
+    """§3: Mix1 (background, anchors, group G1) overlaps the inner phase; Mix2 (blocking, Δ, G2)."""
+
+    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
+        super().__init__(cfg, exchange, timing)
+        self._mix1: PendingExchange | None = None
+
+    def begin_round(self, state: OuterState, weight: float) -> None:
+        req = self._request("mix1", state.round, self.cfg.group_size, weight)
+        # Mix1 runs behind the inner steps, so waiting for a partner's contribution costs no compute
+        # until the round ends: its part owners wait for the whole round plus Mix1's grace, not the
+        # blocking window of §4. That window shrinks to grace_min_s once a long Mix2 has been timed,
+        # shorter than a half-model transfer at WAN rates: in the idle WAN bench, Mix1 then failed
+        # in 11-15 of 16 rounds after the first Mix2.
+        cfg = self.cfg
+        behind_s = (self.timing.t_step_s or 0.0) * cfg.num_inner_steps + cfg.mix1_grace_s
+        wait_s = min(cfg.exchange_timeout_s, max(req.grace_s, behind_s))
+        req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
+        self._mix1_started = time.monotonic()
+        self._mix1 = self.exchange.start(state.anchor, req)
+
+    def _mix1_result(self, state: OuterState, report: RoundReport) -> list[torch.Tensor]:
+        if self._mix1 is None:
+            return state.anchor
+        t0 = time.monotonic()
+        res = report.add("mix1", self._mix1.result(self.cfg.mix1_grace_s), time.monotonic() - t0)
+        self._mix1 = None
+        return res.tensors if isinstance(res, Ok) else state.anchor
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        cfg = self.cfg
+        delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
+        if cfg.mix2_rounds > 0 and (state.round + 1) % cfg.mix2_every == 0:
+            for k in range(cfg.mix2_rounds):
+                res = self._average(delta, "mix2", state.round, cfg.mix2_group_size, weight, report, step=k)
+                delta = res.tensors if isinstance(res, Ok) else delta
+        mixed_anchor = self._mix1_result(state, report)
+        _finish(
+            params,
+            state,
+            *outer.nesterov_outer_step(mixed_anchor, state.momentum, delta, cfg.outer_lr, cfg.outer_momentum),
+        )
+
+
+class DataParallel(_BlockingExchanges):
+    """Per-step gradient averaging over all peers: the quality ceiling, the bandwidth floor."""
+
+    def begin_round(self, state: OuterState, weight: float) -> None:
+        return None
+
+    def sync_gradients(self, grads: list[torch.Tensor], step: int, report: RoundReport) -> None:
+        res = self._average(grads, "grad", step, ALL, 1.0, report)
+        if isinstance(res, Ok):
+            copy_into(grads, res.tensors)
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        state.anchor = [p.detach().float().clone() for p in params]
+        state.round += 1
+
+
+class Independent(_NoGradientSync):
+    """No exchange at all: the floor every communicating method must beat."""
+
+    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
+        self.cfg = cfg
+
+    def begin_round(self, state: OuterState, weight: float) -> None:
+        return None
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        state.anchor = [p.detach().float().clone() for p in params]
+        state.round += 1
+
+
+_METHODS: dict[str, type] = {
+    "diloco": DiLoCo,
+    "noloco": NoLoCo,
+    "factored": FactoredGossip,
+    "data-parallel": DataParallel,
+    "independent": Independent,
+}
+
+
+def build_method(cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> OuterMethod:
+    """The strategy for `cfg.method`; `timing` is the peer's grace tracker (fed with step times)."""
+    method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing)
+    return method

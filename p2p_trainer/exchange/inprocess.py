@@ -1,0 +1,155 @@
+"""In-process exchange backend: N peers (threads) in one process, exact averaging, seeded groups.
+
+This is the reference against which the network backend is compared: same interface, same group
+derivation, exact weighted means. Bytes are reported as a butterfly all-reduce would move them
+(hivemind's scheme): each member sends and receives 2·(n−1)/n of the payload.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from p2p_trainer.algo.groups import group_of, group_seed
+from p2p_trainer.algo.outer import weighted_mean
+from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok, check_contribution
+
+logger = logging.getLogger(__name__)
+
+_Key = tuple[str, int, int]  # (tag, round, gossip_step)
+
+
+@dataclass
+class _Slot:
+    members: list[str]
+    contributions: dict[str, tuple[list[torch.Tensor], float]] = field(default_factory=dict)
+    arrived: set[str] = field(default_factory=set)
+    fetched: set[str] = field(default_factory=set)
+    result: ExchangeResult | None = None
+
+
+class InProcessSwarm:
+    """The shared meeting point of N in-process peers."""
+
+    def __init__(self, num_peers: int, seed: int) -> None:
+        self.seed = seed
+        self.names = [f"peer{i}" for i in range(num_peers)]
+        self.live = set(self.names)
+        self._cond = threading.Condition()
+        self._slots: dict[tuple[_Key, int], _Slot] = {}
+
+    def exchange(self, peer_index: int) -> InProcessExchange:
+        return InProcessExchange(self, peer_index)
+
+    def leave(self, peer_index: int) -> None:
+        """Mark a peer dead: later groups are formed without it."""
+        with self._cond:
+            self.live.discard(self.names[peer_index])
+
+    def _post(self, name: str, tensors: list[torch.Tensor], request: ExchangeRequest) -> tuple[_Key, int]:
+        key: _Key = (request.tag, request.round, request.gossip_step)
+        seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
+        with self._cond:
+            index, members = group_of(name, sorted(self.live | {name}), request.group_size, seed)
+            slot = self._slots.setdefault((key, index), _Slot(members=members))
+            slot.contributions[name] = (tensors, request.weight)
+            slot.arrived.add(name)
+            if slot.arrived >= set(slot.members):
+                slot.result = self._reduce(slot, tensors, request.wire_dtype)
+                slot.contributions.clear()  # the mean is all anyone needs now; free the copies
+                self._cond.notify_all()
+        return key, index
+
+    def _reduce(self, slot: _Slot, like: list[torch.Tensor], wire_dtype: str = "float32") -> ExchangeResult:
+        accepted: list[list[torch.Tensor]] = []
+        weights: list[float] = []
+        for name in slot.members:
+            tensors, weight = slot.contributions[name]
+            reason = check_contribution(tensors, like, weight)
+            if reason is not None:
+                logger.warning("dropping contribution of %s: %s", name, reason)
+                continue
+            accepted.append(tensors)
+            weights.append(weight)
+        if not accepted:
+            return Failed("no valid contribution in the group")
+        mean = weighted_mean(accepted, weights)
+        n = len(accepted)
+        payload = sum(t.numel() * t.element_size() for t in like)
+        if wire_dtype == "float16":  # what the network peers end with: the mean as sent in float16
+            fits = all(float(m.abs().max()) <= torch.finfo(torch.float16).max for m in mean if m.numel())
+            if fits:
+                mean = [m.to(torch.float16).to(m.dtype) for m in mean]
+                payload //= 2
+        moved = int(2 * (n - 1) / n * payload)
+        return Ok(
+            mean, group_size=n, total_weight=float(sum(weights)), bytes_sent=moved, bytes_received=moved
+        )
+
+    def _wait(self, slot_key: tuple[_Key, int], name: str, deadline: float) -> ExchangeResult:
+        with self._cond:
+            while True:
+                slot = self._slots.get(slot_key)
+                if slot is None:
+                    return Failed("result already collected")
+                if slot.result is not None:
+                    slot.fetched.add(name)
+                    if slot.fetched >= set(slot.members):
+                        del self._slots[slot_key]
+                    return slot.result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(set(slot.members) - slot.arrived)
+                    return Failed(f"timed out waiting for {', '.join(missing)}")
+                self._cond.wait(remaining)
+
+
+class _InProcessPending:
+    def __init__(self, swarm: InProcessSwarm, slot_key: tuple[_Key, int], name: str, started: float) -> None:
+        self.swarm, self.slot_key, self.name, self.started = swarm, slot_key, name, started
+
+    def done(self) -> bool:
+        with self.swarm._cond:
+            slot = self.swarm._slots.get(self.slot_key)
+            return slot is None or slot.result is not None
+
+    def result(self, timeout_s: float) -> ExchangeResult:
+        res = self.swarm._wait(self.slot_key, self.name, time.monotonic() + timeout_s)
+        return _with_elapsed(res, time.monotonic() - self.started)
+
+
+def _with_elapsed(res: ExchangeResult, elapsed_s: float) -> ExchangeResult:
+    if isinstance(res, Ok):
+        return Ok(
+            res.tensors, res.group_size, res.total_weight, res.bytes_sent, res.bytes_received, elapsed_s
+        )
+    return Failed(res.reason, elapsed_s)
+
+
+class InProcessExchange:
+    """One peer's view of an `InProcessSwarm`; implements `Exchange`."""
+
+    def __init__(self, swarm: InProcessSwarm, peer_index: int) -> None:
+        self.swarm = swarm
+        self._index = peer_index
+        self.name = swarm.names[peer_index]
+
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _InProcessPending:
+        started = time.monotonic()
+        snapshot = [t.detach().clone() for t in tensors]
+        slot_key = self.swarm._post(self.name, snapshot, request)
+        return _InProcessPending(self.swarm, slot_key, self.name, started)
+
+    def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        return self.start(tensors, request).result(request.timeout_s)
+
+    def num_live_peers(self) -> int:
+        return len(self.swarm.live)
+
+    def close(self) -> None:
+        self.swarm.leave(self._index)

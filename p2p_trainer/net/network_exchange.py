@@ -1,0 +1,141 @@
+"""`Exchange` over the network: seeded random groups of the live peers, butterfly averaging.
+
+Groups are derived from (run seed, tag, round, gossip step) and the live set the DHT shows, as in
+the in-process backend, so no matchmaking round-trips are needed and groups change every round.
+The member list is hashed into the exchange key: peers whose views of the swarm differ (a join
+or a death not yet seen by all) simply do not meet, and time out into `Failed` instead of
+mixing inconsistent parts. Waiting is bounded by the request's quorum and grace window
+(`allreduce.py`). Peers that a failed send marked suspect (`health.py`) are not waited for, so a
+dead peer stops costing grace windows before its heartbeat expires; they stay in the groups
+until then. Suspicion is local: leaving suspects out of the groups made the peers' member lists
+differ (one had seen the failed send, the other not), and then no one met for the TTL. Measured
+here: with suspects excluded, a survivor failed 7 rounds in a row after a kill; kept in, the
+survivors merge all parts but the dead peer's from the next round on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from p2p_trainer.algo.grace import quorum_size
+from p2p_trainer.algo.groups import group_of, group_seed
+from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+from p2p_trainer.net.health import PeerHealth
+from p2p_trainer.net.self_kill import SelfKill
+from p2p_trainer.net.transport import Transport
+
+
+def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset : offset + t.numel()].view(t.shape).to(t.device, t.dtype))
+        offset += t.numel()
+    return out
+
+
+class _NetworkPending:
+    def __init__(self, future: concurrent.futures.Future[ExchangeResult], like: list[torch.Tensor]) -> None:
+        self.future, self.like = future, like
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout_s: float) -> ExchangeResult:
+        try:
+            res = self.future.result(timeout=max(0.0, timeout_s))
+        except concurrent.futures.TimeoutError:
+            return Failed(f"not finished within {timeout_s:.1f} s")
+        if isinstance(res, Ok):
+            return dataclasses.replace(res, tensors=_unflatten(res.tensors[0], self.like))
+        return res
+
+
+class NetworkExchange:
+    """Implements `Exchange` for one peer process."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        live_peers: Callable[[], list[str]],
+        run_id: str,
+        seed: int,
+        max_weight: float = math.inf,
+        health: PeerHealth | None = None,
+    ) -> None:
+        self.transport, self.live_peers = transport, live_peers
+        self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
+        self.me = transport.peer_id
+        self.health = health or PeerHealth()
+        self.fault_hook: SelfKill | None = None
+        """Test tool: called with ("mix1" | "exchange", round) once this peer has contributed."""
+
+    def _live(self) -> set[str]:
+        return set(self.live_peers()) | {self.me}
+
+    def _gone(self, peer: str) -> bool:
+        return self.health.suspect(peer) or peer not in self.live_peers()
+
+    def _group(self, request: ExchangeRequest) -> GroupSpec:
+        live = sorted(self._live())
+        seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
+        _, members = group_of(self.me, live, request.group_size, seed)
+        digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
+        prefix = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/"
+        return GroupSpec(
+            key=prefix + digest,
+            members=members,
+            me=self.me,
+            max_weight=self.max_weight,
+            quorum=quorum_size(len(members), request.quorum_fraction),
+            quorum_wait_s=request.quorum_wait_s,
+            grace_s=request.grace_s,
+            result_wait_s=request.result_wait_s,
+            view_prefix=prefix,
+            wire_dtype=request.wire_dtype,
+        )
+
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _NetworkPending:
+        like = [t.detach() for t in tensors]
+        flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
+        group = self._group(request)
+        deadline = time.monotonic() + request.timeout_s
+        phase = "mix1" if request.tag == "mix1" else "exchange"
+        hook, contributed = self.fault_hook, None
+        if hook is not None and hook.wants(phase, request.round):
+            contributed = functools.partial(hook, phase, request.round)
+        if len(group.members) == 1:
+            if contributed is not None:
+                contributed()  # alone: the fault point is reached all the same
+            done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
+            done.set_result(Ok([flat], 1, request.weight))
+            return _NetworkPending(done, like)
+        # our own weight obeys the bound the others check, or they would drop our contribution
+        weight = min(request.weight, self.max_weight)
+        fut = self.transport.submit(
+            butterfly_average(
+                self.transport, group, flat, weight, deadline, self.health, self._gone, contributed
+            )
+        )
+        return _NetworkPending(fut, like)
+
+    def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        return self.start(tensors, request).result(request.timeout_s + 1.0)
+
+    def num_live_peers(self) -> int:
+        return len(self._live())
+
+    def close(self) -> None:
+        self.transport.close()

@@ -1,0 +1,211 @@
+"""One peer's training: inner steps (AdamW) and its method's exchange and outer step.
+
+`Peer.run_round` is the whole algorithm on one screen; everything else here is set-up,
+evaluation and bookkeeping. The peer knows nothing about the network: it is handed an `Exchange`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
+from p2p_trainer.algo.work import WorkQuota
+from p2p_trainer.config import RunConfig
+from p2p_trainer.exchange.interface import Exchange
+from p2p_trainer.train.data import Corpus, TokenStream, validation_batches
+from p2p_trainer.train.model import GPT, build_model
+
+logger = logging.getLogger(__name__)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine down to `min_ratio` at `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class RoundMetrics:
+    """What one round did; the trainer's single source of metrics."""
+
+    round: int
+    step: int
+    tokens: int
+    train_loss: float
+    compute_s: float
+    blocked_s: float
+    wall_s: float
+    report: RoundReport
+    val_loss: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Peer:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        exchange: Exchange,
+        corpus: Corpus,
+        peer_key: str,
+        device: str = "cpu",
+        live_peers: Callable[[], list[str]] | None = None,
+        self_id: str | None = None,
+    ) -> None:
+        """`live_peers` (ids of the live peers) sizes this peer's share of a constant-work round (§6)."""
+        self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
+        self.model: GPT = build_model(cfg.model, cfg.seed).to(self.device)
+        self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
+        inner = cfg.inner
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=inner.lr,
+            betas=inner.betas,
+            weight_decay=inner.weight_decay,
+            fused=self.device.type == "cuda",
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, inner.warmup_steps, cfg.total_inner_steps, inner.min_lr_ratio),
+        )
+        self.stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, peer_key)
+        self.val = validation_batches(corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches)
+        self.timing = grace_tracker(cfg.outer)  # §4: step-time EMA feeds the grace window
+        self.method = build_method(cfg.outer, exchange, self.timing)
+        self.state = OuterState.from_params(self.params)
+        self.step = 0
+        self.skip_steps = 0
+        """Inner steps the next round leaves out: a peer that adopted a donor's state mid-round
+        (late join, rejoin) ends its first round with the donor instead of a part-round later."""
+        self.tokens = 0
+        self.tokens_since_merge = 0
+        # the work split is among swarm ids (peer ids), which the data key need not be
+        self.work = WorkQuota(cfg, self_id or peer_key, live_peers)
+        self.on_round: list[Callable[[RoundMetrics], None]] = []
+        self.on_phase: list[Callable[[str, int], None]] = []
+        """Called with ("inner", round) halfway through the inner steps (fault injection in tests)."""
+
+    # --------------------------------------------------------------------------- the algorithm
+    def run_round(self) -> RoundMetrics:
+        t_round = time.monotonic()
+        report = RoundReport(self.state.round)
+        self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
+        tokens_before = self.tokens
+        self.work.begin_round()
+        losses = []
+        first, self.skip_steps = self.skip_steps, 0
+        for s in range(first, self.cfg.outer.num_inner_steps):
+            if s == self.cfg.outer.num_inner_steps // 2:
+                for hook in self.on_phase:
+                    hook("inner", self.state.round)
+            losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
+        compute_s = time.monotonic() - t_round - report.blocked_s
+        self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step
+        self.tokens_since_merge = 0
+        m = RoundMetrics(
+            round=self.state.round - 1,
+            step=self.step,
+            tokens=self.tokens,
+            train_loss=float(torch.stack(losses).mean()),
+            compute_s=compute_s,
+            blocked_s=report.blocked_s,
+            wall_s=time.monotonic() - t_round,
+            report=report,
+            extra={
+                "round_tokens": self.tokens - tokens_before,
+                "live_peers": self.work.live,
+                "skipped_steps": first,
+            },
+        )
+        if (
+            self.cfg.inner.eval_every
+            and self.step % self.cfg.inner.eval_every < self.cfg.outer.num_inner_steps
+        ):
+            m.val_loss = self.evaluate()
+        for callback in self.on_round:
+            callback(m)
+        return m
+
+    def inner_step(self, report: RoundReport, micro_batches: int | None = None) -> torch.Tensor:
+        """One AdamW step over `micro_batches` (default `grad_accum`); returns the mean loss (a tensor)."""
+        inner = self.cfg.inner
+        t0, blocked0 = time.monotonic(), report.blocked_s
+        accum = micro_batches or inner.grad_accum
+        total = torch.zeros((), device=self.device)
+        for _ in range(accum):
+            x, y = (t.to(self.device, non_blocking=True) for t in self.stream.next_batch())
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=inner.bf16):
+                loss = self.model(x, y) / accum
+            loss.backward()
+            total += loss.detach()
+            self.tokens += x.numel()
+            self.tokens_since_merge += x.numel()
+        grads = [p.grad for p in self.params if p.grad is not None]
+        self.method.sync_gradients(grads, self.step, report)  # data-parallel only
+        if inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, inner.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.timing.observe_step(time.monotonic() - t0 - (report.blocked_s - blocked0))
+        return total
+
+    # --------------------------------------------------------------------------- helpers
+    def _merge_weight(self) -> float:
+        """§5: tokens since the last merge (at least one, so a fresh peer still counts)."""
+        return float(max(1, self.tokens_since_merge))
+
+    @torch.no_grad()
+    def evaluate(self, params: list[torch.Tensor] | None = None) -> float:
+        """Mean validation loss in nats per token (= nats/byte for byte tokens)."""
+        self.model.eval()
+        saved = None
+        if params is not None:
+            saved = [p.detach().clone() for p in self.params]
+            for p, v in zip(self.params, params, strict=True):
+                p.copy_(v)
+        try:
+            losses = []
+            for x, y in self.val:
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.inner.bf16):
+                    losses.append(float(self.model(x.to(self.device), y.to(self.device))))
+            return sum(losses) / len(losses)
+        finally:
+            if saved is not None:
+                for p, v in zip(self.params, saved, strict=True):
+                    p.copy_(v)
+            self.model.train()
+
+    def train(self, rounds: int) -> list[RoundMetrics]:
+        return [self.run_round() for _ in range(rounds)]
+
+
+def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:
+    """Take over a downloaded outer state (late join): θ ← φ, and the schedule moves to its round.
+
+    `skip_steps` (0 … H−1) are the round's inner steps the donor had done by the time the state
+    arrived: this peer leaves them out of its first round, so it reaches that round's exchange with
+    its group instead of after it (its token weight, §5, counts the shorter round less).
+    """
+    h = peer.cfg.outer.num_inner_steps
+    if not 0 <= skip_steps < h:
+        raise ValueError(f"skip_steps={skip_steps}: must be in [0, {h})")
+    peer.state = state
+    with torch.no_grad():
+        for p, a in zip(peer.params, state.anchor, strict=True):
+            p.copy_(a)
+    peer.skip_steps = skip_steps
+    peer.step = state.round * h + skip_steps
+    inner = peer.cfg.inner
+    peer.scheduler.last_epoch = peer.step
+    factor = lr_factor(peer.step, inner.warmup_steps, peer.cfg.total_inner_steps, inner.min_lr_ratio)
+    for group, base in zip(peer.optimizer.param_groups, peer.scheduler.base_lrs, strict=True):
+        group["lr"] = base * factor

@@ -196,7 +196,7 @@ def main() -> int:
         return 2
     summary = []
     for n in args.peers:
-        nbytes = pair_bytes(n, args.floats)  # each way, per member (ALGORITHMS.md §8)
+        nbytes = pair_bytes(n, args.floats)  # each way, per member (docs/algorithms.md §8)
         bound_s = link_bound_s(n, args.floats, args.rate_mbit)
         period = 2.5 * bound_s + 3.0
         hosts = tuple(HostSpec(f"h{i}", args.rate_mbit, args.rate_mbit, args.cpu_cores) for i in range(n))

@@ -99,7 +99,7 @@ class InnerConfig:
         _require(self.eval_every >= 0, "inner.eval_every must be >= 0")
 
 
-# Reference hyperparameters per method (ALGORITHMS.md §1–§3).
+# Reference hyperparameters per method (docs/algorithms.md §1–§3).
 WIRE_DTYPES = ("float32", "float16")
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "diloco": {"outer_lr": 0.7, "outer_momentum": 0.9, "num_inner_steps": 50},
@@ -139,7 +139,7 @@ class OuterConfig:
     mix2_every: int = 1
     """Run Mix2 every K outer rounds (the knob between utilisation and agreement)."""
     token_weighted: bool = True
-    """Weight group means by tokens processed since the last merge (ALGORITHMS.md §5)."""
+    """Weight group means by tokens processed since the last merge (docs/algorithms.md §5)."""
     exchange_timeout_s: float = 60.0
     """Upper bound on a blocking exchange; a timed-out exchange is a Failed value."""
     mix1_grace_s: float = 5.0

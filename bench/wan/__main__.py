@@ -37,7 +37,7 @@ from p2p_trainer.lab.testbed import support_problem
 logger = logging.getLogger("wan_bench")
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TOTAL_STEPS = 400
-"""Inner steps each peer is scheduled for (warm-up, then cosine to 0.1×): ALGORITHMS.md's reference
+"""Inner steps each peer is scheduled for (warm-up, then cosine to 0.1×): docs/algorithms.md's reference
 setting (4 ranks × 400 steps). A peer stops at this many steps or at the wall-time budget, whichever
 comes first, so a method that keeps its CPU busy gets further down the same schedule. (With an
 unending schedule, i.e. a constant learning rate, the DiLoCo family falls behind independent

@@ -123,7 +123,7 @@ def final_anchors(run_dir: Path, peers: int) -> list[list[torch.Tensor]]:
 
 
 def consensus_distance(anchors: list[list[torch.Tensor]]) -> float | None:
-    """mean_i ‖φ_i − φ̄‖ / ‖φ̄‖ over the flattened anchors (ALGORITHMS.md §8)."""
+    """mean_i ‖φ_i − φ̄‖ / ‖φ̄‖ over the flattened anchors (docs/algorithms.md §8)."""
     if len(anchors) < 2:
         return None
     flat = torch.stack([torch.cat([t.reshape(-1).float() for t in a]) for a in anchors])

@@ -1,4 +1,4 @@
-"""Quorum and adaptive grace window (ALGORITHMS.md §4), as pure functions and a small EMA tracker.
+"""Quorum and adaptive grace window (docs/algorithms.md §4), as pure functions and a small EMA tracker.
 
 A blocking exchange proceeds once `quorum_size` members of its group (itself included) have
 contributed, then waits at most `grace_window_s` for the rest:

@@ -1,4 +1,4 @@
-"""Outer-step math of every method in ALGORITHMS.md: pure functions, tensors in, tensors out.
+"""Outer-step math of every method in docs/algorithms.md: pure functions, tensors in, tensors out.
 
 All functions take lists of tensors (one entry per parameter tensor) and return new tensors;
 nothing here mutates its inputs, talks to the network or reads the clock.

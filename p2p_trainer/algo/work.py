@@ -1,4 +1,4 @@
-"""Constant work per round (ALGORITHMS.md §6, after ReCoVer): survivors take over the dead's quota.
+"""Constant work per round (docs/algorithms.md §6, after ReCoVer): survivors take over the dead's quota.
 
 The swarm targets `T = outer.target_tokens_per_round` tokens per outer round, i.e.
 `M = T / tokens_per_micro_batch` micro-batches. Each live peer takes an equal share of M; the

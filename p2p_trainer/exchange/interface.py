@@ -1,6 +1,6 @@
 """The exchange interface: average tensors with a group of peers, as a value, never an exception.
 
-Every method in ALGORITHMS.md reduces its communication to one primitive: "average these tensors
+Every method in docs/algorithms.md reduces its communication to one primitive: "average these tensors
 with a group, blocking or in the background, with weights and a timeout". Backends implement
 `Exchange`; the in-process backend (`inprocess.py`) and the hivemind backend (`net/`) plug into
 the same methods and trainer. A failed exchange returns `Failed(reason)` and leaves the caller's
@@ -69,7 +69,7 @@ class ExchangeRequest:
     group_size: int = 2
     """Target group size g; `ALL` (0) means all live peers."""
     weight: float = 1.0
-    """This peer's weight w_j (ALGORITHMS.md §5), e.g. tokens processed since its last merge."""
+    """This peer's weight w_j (docs/algorithms.md §5), e.g. tokens processed since its last merge."""
     timeout_s: float = 30.0
     """Upper bound on the whole exchange, matchmaking included. Nothing waits forever."""
     gossip_step: int = 0
@@ -118,7 +118,7 @@ class Exchange(Protocol):
 
 
 def valid_weight(weight: float, max_weight: float = math.inf) -> bool:
-    """ALGORITHMS.md §5: weights from the network must be finite, > 0 and within what is possible."""
+    """docs/algorithms.md §5: weights from the network must be finite, > 0 and within what is possible."""
     return isinstance(weight, int | float) and math.isfinite(weight) and 0.0 < weight <= max_weight
 
 

@@ -5,7 +5,7 @@ its weight) to member j. Each owner checks every contribution (size, finiteness,
 before it merges anything. Phase 2: owners send the averaged part, with the list of members it
 includes, to every member. Per member and exchange, 2·(n−1)/n of the vector goes each way.
 
-Bounded waiting (ALGORITHMS.md §4). An owner averages its part once a quorum K of the group
+Bounded waiting (docs/algorithms.md §4). An owner averages its part once a quorum K of the group
 (itself included) has contributed and then at most `grace_s` more; it stops waiting early for
 members that are gone (suspect, out of the live view, or seen in the same exchange under another
 view of the group). Without a quorum it gives up after `quorum_wait_s`. Contributions that come

@@ -1,4 +1,4 @@
-"""ALGORITHMS.md §4: quorum size and the adaptive grace window, as pure functions."""
+"""docs/algorithms.md §4: quorum size and the adaptive grace window, as pure functions."""
 
 from __future__ import annotations
 

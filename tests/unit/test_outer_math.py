@@ -1,4 +1,4 @@
-"""Every outer method's update against the equations of ALGORITHMS.md, on small tensors."""
+"""Every outer method's update against the equations of docs/algorithms.md, on small tensors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Constant work per round (ALGORITHMS.md §6): survivors take over the quota of the peers that left."""
+"""Constant work per round (docs/algorithms.md §6): survivors take over the quota of the peers that left."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Learners never wait for each other. After each round of H inner steps a learner sends its update to
 the syncer and keeps stepping; it only stalls if the round trip to the syncer takes longer than its
-overlap budget `overlap_steps` steps. The syncer (ALGORITHMS.md §4) merges once `quorum` learners
+overlap budget `overlap_steps` steps. The syncer (docs/algorithms.md §4) merges once `quorum` learners
 have a pending contribution, then waits a grace window
 
     grace = clamp(gamma * (tau * t_step - t_quorum - t_sync), 0, grace_max_s)
@@ -30,7 +30,7 @@ EMA_DECAY = 0.9
 
 @dataclass(frozen=True)
 class GraceWindow:
-    """The adaptive grace window's parameters (ALGORITHMS.md §4)."""
+    """The adaptive grace window's parameters (docs/algorithms.md §4)."""
 
     gamma: float
     overlap_s: float

@@ -1,6 +1,6 @@
 """The sampled swarm shared by every method, and the ledger that turns compute into metrics.
 
-Goodput (ALGORITHMS.md §8) = useful work / work the hardware could have done, both in nominal
+Goodput (docs/algorithms.md §8) = useful work / work the hardware could have done, both in nominal
 chip-seconds: a peer with step-time factor f does 1/f of nominal work per second, so its capacity
 over the horizon is chips * horizon_s / f. Useful work is work that reaches the model, on chips
 not in repair. Hence goodput <= 1 whatever the speeds, and a fast peer waiting for a slow one

@@ -93,7 +93,7 @@ class Scenario:
     quorum_fraction: float = 0.5
     """Decoupled DiLoCo: the syncer merges once this fraction of learners has contributed."""
     grace_gamma: float = 1.0
-    """Decoupled DiLoCo: gamma_g of the adaptive grace window (ALGORITHMS.md §4)."""
+    """Decoupled DiLoCo: gamma_g of the adaptive grace window (docs/algorithms.md §4)."""
     grace_max_s: float = 60.0
     """Decoupled DiLoCo: upper clamp of the grace window."""
     overlap_steps: int = 10

@@ -2,7 +2,7 @@
 
 Peer i minimises f_i(x) = ½ Σ_k h_k (x_k − c_ik)² with its own optimum c_i = c + heterogeneity and
 noisy gradients (SGD, noise σ). The swarm's objective is the mean of the f_i. Each method's outer
-step follows ALGORITHMS.md (§1 DiLoCo, §2 NoLoCo, §3 factored gossip; Decoupled DiLoCo merges only
+step follows docs/algorithms.md (§1 DiLoCo, §2 NoLoCo, §3 factored gossip; Decoupled DiLoCo merges only
 the contributors of a round). A method runs as many outer rounds as the timing simulation says it
 completed within the horizon (scaled down by one common factor to stay cheap), so a method that is
 faster in time gets more optimisation. Only `num_peers` up to MAX_PEERS peers are simulated here.
@@ -74,7 +74,7 @@ def _group_mean(x: FloatArray, group_size: int, rng: np.random.Generator) -> Flo
 
 
 def _nesterov(phi_hat: FloatArray, delta: FloatArray, m: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """ALGORITHMS.md §1/§3: m ← β m + Δ; φ ← φ̂ − α (Δ + β m), α = 0.7, β = 0.9."""
+    """docs/algorithms.md §1/§3: m ← β m + Δ; φ ← φ̂ − α (Δ + β m), α = 0.7, β = 0.9."""
     m = 0.9 * m + delta
     return phi_hat - 0.7 * (delta + 0.9 * m), m
 
@@ -139,7 +139,7 @@ def _rounds_done(r: MethodResult, s: Scenario) -> float:
 
 
 def consensus_distance(phi: FloatArray) -> float:
-    """mean ‖φ_i − φ̄‖ / ‖φ̄‖ (ALGORITHMS.md §8)."""
+    """mean ‖φ_i − φ̄‖ / ‖φ̄‖ (docs/algorithms.md §8)."""
     mean = phi.mean(axis=0)
     return float(np.linalg.norm(phi - mean, axis=1).mean() / max(np.linalg.norm(mean), 1e-12))
 

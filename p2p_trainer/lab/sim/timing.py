@@ -9,7 +9,7 @@ dropping a failed slice). Rounds are simulated one at a time, vectorised over pe
   step waits for the slowest peer and for a gradient all-reduce over the peer links.
 - elastic_dp: as sync_dp, but a failure only pauses the job for `reconfig_s` (drop the slice,
   re-form) and loses the in-flight step; the job runs without the slice until it is repaired.
-- diloco (ALGORITHMS.md §1): H inner steps per peer, then a blocking global all-reduce; a round
+- diloco (docs/algorithms.md §1): H inner steps per peer, then a blocking global all-reduce; a round
   waits for the slowest (or paused) peer.
 - decoupled (§4): learners never wait for each other; the syncer merges once a quorum has
   contributed, plus an adaptive grace window; late learners are merged in the next round.

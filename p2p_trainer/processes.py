@@ -1,83 +1,172 @@
-"""What hivemind leaves behind: p2pd children and `hivemind-*.sock` files, tracked by PID and path.
+"""Processes by PID: tracked children, /proc reads, signals and waits, p2pd daemons and socket files.
+
+Nothing here finds or signals a process by its name. Children are started by us (`Child`); other
+processes are found through parent links in /proc, from PIDs we know. A PID that may have been
+reused is checked against the start time recorded with it (`same_process`).
 
 hivemind's DHT runs in a forked process that starts p2pd; p2pd listens on
-`/tmp/hivemind-p2pd-<uid>.sock` and the client on `/tmp/hivemind-p2pclient-<uid>.sock`. A p2pd that
-exits on its own (e.g. when no bootstrap peer answers) leaves its socket file behind. These helpers
-find the daemons we started (children of our DHT process, read from /proc) and remove only their
-files, or files that appeared during our own failed start and that no live process listens on.
+`/tmp/hivemind-p2pd-<id>.sock` and its client on `/tmp/hivemind-p2pclient-<id>.sock`. A p2pd
+that exits on its own (no bootstrap peer answered) or is SIGKILLed leaves those files behind, so
+the helpers at the end find them (from command lines or open fds) and remove only those.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import signal
+import subprocess
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+SOCKET_DIR = Path("/tmp")
 _LISTEN_RE = re.compile(r"^-listen=/unix(/.*hivemind-p2pd-(.+)\.sock)$")
+_P2PD_SOCKET_RE = re.compile(r"hivemind-p2pd-([A-Za-z0-9_-]+)\.sock")
+TREE_GRACE_S = 10.0
+"""How long a stopped child's other-session descendants get to exit on their own: torch's
+shared-memory manager exits ~2 s after its last client is gone, the watchdog within ~4 s."""
 
 
-@dataclass(frozen=True)
-class DaemonProcess:
-    """A p2pd started on our behalf, and the socket files that belong to it."""
+# --------------------------------------------------------------------------- /proc reads
 
-    pid: int
-    socket_paths: tuple[Path, ...]
+
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first), or [] if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    # the command name is in parentheses and may contain spaces: split after the last ')'
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def state(pid: int) -> str:
+    """The process state letter (R, S, D, T, Z, ...), or "" if the process is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else ""
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def session_id(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[3]) if fields else None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time in clock ticks since boot (tells a reused PID apart), or None if gone."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
 
 
 def child_pids(pid: int) -> list[int]:
-    """Direct children of `pid` (Linux /proc)."""
+    """Direct children of `pid`."""
     children: list[int] = []
-    task_dir = Path(f"/proc/{pid}/task")
     try:
-        for task in task_dir.iterdir():
+        for task in Path(f"/proc/{pid}/task").iterdir():
             children.extend(int(c) for c in (task / "children").read_text().split())
     except (FileNotFoundError, ProcessLookupError):
         return []
     return children
 
 
-def _cmdline(pid: int) -> list[str]:
+def descendants(pid: int) -> set[int]:
+    """All live descendants of `pid` (children, grandchildren, ... in any session), not `pid` itself."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(entry.name)
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def same_netns(pid: int, netns_path: Path) -> bool:
+    """True if `pid` lives in the network namespace bound at `netns_path` (/run/netns/<name>)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(netns_path).st_ino
     except (FileNotFoundError, ProcessLookupError):
-        return []
+        return False
 
 
-def find_daemons(parent_pid: int) -> list[DaemonProcess]:
-    """p2pd processes among `parent_pid`'s children, with their daemon and client socket paths."""
-    daemons = []
-    for pid in child_pids(parent_pid):
-        for arg in _cmdline(pid):
-            match = _LISTEN_RE.match(arg)
-            if match:
-                daemon_sock = Path(match.group(1))
-                client_sock = daemon_sock.with_name(f"hivemind-p2pclient-{match.group(2)}.sock")
-                daemons.append(DaemonProcess(pid=pid, socket_paths=(daemon_sock, client_sock)))
-    return daemons
+# --------------------------------------------------------------------------- liveness, signals, waits
 
 
 def is_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return status.rsplit(")", 1)[1].split()[0] != "Z"
+    """True while `pid` exists and is not a zombie (a zombie has exited; only its reaping is left)."""
+    return state(pid) not in ("", "Z")
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (tells a reused PID apart), or None."""
+def same_process(pid: int, started: int | None) -> bool:
+    """True while the process `pid` that started at `started` (see `start_time`) is alive."""
+    return is_alive(pid) and start_time(pid) == started
+
+
+def group_gone(pgid: int) -> bool:
+    """True once no process (zombies included) is left in the process group `pgid`."""
     try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(status.rsplit(")", 1)[1].split()[19])
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def signal_pids(pids: Iterable[int], sig: signal.Signals) -> None:
+    """Send `sig` to each PID; PIDs that are already gone are skipped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def wait_gone(pids: Iterable[int], timeout_s: float) -> set[int]:
+    """Wait until none of `pids` is alive (zombies count as gone); return those still alive."""
+    remaining = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while remaining:
+        remaining = {pid for pid in remaining if is_alive(pid)}
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    return remaining
+
+
+def wait_stopped(pids: Iterable[int], stopped: bool, timeout_s: float) -> set[int]:
+    """Wait until each of `pids` is stopped (state T) or, with `stopped=False`, running again.
+
+    Signals are delivered asynchronously (a throttled process may take a cfs period to react);
+    gone processes count as done. Returns the PIDs not yet in the wanted state.
+    """
+    remaining = set(pids)
+    deadline = time.monotonic() + timeout_s
+    while remaining:
+        remaining = {pid for pid in remaining if is_alive(pid) and (state(pid) == "T") != stopped}
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return remaining
 
 
 def stop_pid(pid: int, grace_s: float) -> None:
@@ -89,36 +178,150 @@ def stop_pid(pid: int, grace_s: float) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + grace_s
-        while is_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_gone([pid], grace_s)
     if is_alive(pid):
         logger.warning("process %d survived SIGKILL", pid)
+
+
+def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S) -> set[int]:
+    """Wait for the processes of `tree` ({pid: start time}) to exit on their own, SIGKILL those still
+    alive after `grace_s`; return the PIDs that had to be killed."""
+    deadline = time.monotonic() + grace_s
+    left = {pid for pid, started in tree.items() if same_process(pid, started)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {pid for pid in left if same_process(pid, tree[pid])}
+    if left:
+        logger.warning("processes %s outlived their parent by %.0f s; killing them", sorted(left), grace_s)
+        signal_pids(left, signal.SIGKILL)
+        wait_gone(left, 5.0)
+    return left
+
+
+# --------------------------------------------------------------------------- tracked children
+
+
+class Child:
+    """A child process in its own session (signals to its group reach what it started in that group),
+    stdout piped (a bootstrap node prints its address there), stderr to `log_path`.
+
+    It notes its descendants while it runs, including those that leave its session (torch's
+    shared-memory manager, our watchdog), so `stop` also waits for them: nothing it started stays.
+    """
+
+    def __init__(
+        self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        self._started = start_time(self.proc.pid)
+        self.tree: dict[int, int] = {}
+        """Descendants seen so far: {pid: start time}."""
+        self._noted_at = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def note_tree(self) -> None:
+        """Remember the child's current descendants (they may move to other sessions or be orphaned)."""
+        self._noted_at = time.monotonic()
+        for pid in descendants(self.pid):
+            started = start_time(pid)
+            if started is not None:
+                self.tree.setdefault(pid, started)
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        if time.monotonic() - self._noted_at > 1.0:
+            self.note_tree()
+        return True
+
+    def send(self, sig: int) -> None:
+        """Signal the child itself; it owns the shutdown of its DHT process and p2pd."""
+        if self.alive():
+            self.note_tree()
+            self.proc.send_signal(sig)
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the child's whole process group (unless its PID was reused after it was reaped)."""
+        if start_time(self.pid) in (None, self._started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+    def stop(self, timeout_s: float = 20.0, sig: int = signal.SIGINT, wait_tree: bool = True) -> int:
+        """Ask with `sig`, wait, then kill the whole group; always reaps. With `wait_tree`, also wait
+        for its descendants in other sessions (see `reap_tree`; else the caller does, with `tree`)."""
+        self.send(sig)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("%s (pid %d) did not stop in %.0f s; killing it", self.name, self.pid, timeout_s)
+            self.signal_group(signal.SIGKILL)
+            code = self.proc.wait(timeout=10)
+        finally:
+            # anything left in the child's process group (e.g. an orphaned p2pd) goes with it
+            self.signal_group(signal.SIGKILL)
+            self._log.close()
+        if wait_tree:
+            reap_tree(self.tree)
+        return code
+
+
+def wait_all(children: Sequence[Child], timeout_s: float, poll_s: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(c.alive() for c in children):
+            return True
+        time.sleep(poll_s)
+    return False
+
+
+# --------------------------------------------------------------------------- p2pd daemons
+
+
+@dataclass(frozen=True)
+class DaemonProcess:
+    """A p2pd started on our behalf, and the socket files that belong to it."""
+
+    pid: int
+    socket_paths: tuple[Path, ...]
+
+
+def find_daemons(parent_pid: int) -> list[DaemonProcess]:
+    """p2pd processes among `parent_pid`'s children, with their daemon and client socket paths."""
+    daemons = []
+    for pid in child_pids(parent_pid):
+        for arg in cmdline(pid):
+            match = _LISTEN_RE.match(arg)
+            if match:
+                daemon_sock = Path(match.group(1))
+                client_sock = daemon_sock.with_name(f"hivemind-p2pclient-{match.group(2)}.sock")
+                daemons.append(DaemonProcess(pid=pid, socket_paths=(daemon_sock, client_sock)))
+    return daemons
 
 
 def stop_daemon(daemon: DaemonProcess, grace_s: float) -> None:
     """Stop a p2pd we started if it still runs (checked by its command line, in case the PID was reused)."""
     listen_arg = f"-listen=/unix{daemon.socket_paths[0]}"
-    if is_alive(daemon.pid) and listen_arg in _cmdline(daemon.pid):
+    if is_alive(daemon.pid) and listen_arg in cmdline(daemon.pid):
         logger.warning("p2pd %d outlived its DHT process; stopping it", daemon.pid)
         stop_pid(daemon.pid, grace_s)
-
-
-def remove_files(paths: tuple[Path, ...] | list[Path]) -> None:
-    for path in paths:
-        try:
-            path.unlink()
-            logger.debug("removed %s", path)
-        except FileNotFoundError:
-            pass
 
 
 def cleanup_daemons(daemons: list[DaemonProcess], grace_s: float) -> None:
     """After a start that failed: let our p2pd processes exit (stopping them if they don't within
     `grace_s`), then remove their socket files, which a p2pd that quits on its own leaves behind."""
-    deadline = time.monotonic() + grace_s
-    while any(is_alive(d.pid) for d in daemons) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_gone([d.pid for d in daemons], grace_s)
     for daemon in daemons:
         stop_daemon(daemon, grace_s=1.0)
         leftovers = [str(path) for path in daemon.socket_paths if path.exists()]
@@ -128,25 +331,71 @@ def cleanup_daemons(daemons: list[DaemonProcess], grace_s: float) -> None:
         )
 
 
-def own_unix_socket_paths(prefix: str = "/tmp/hivemind-") -> list[Path]:
-    """Paths of the unix sockets this process holds open (e.g. a P2P replica's client socket).
+# --------------------------------------------------------------------------- socket files
 
-    Found through /proc (our fds' socket inodes matched against /proc/net/unix), so only our own
-    files are ever removed, never another process's.
-    """
-    inodes = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    paths = []
-    with open("/proc/net/unix") as table:
+
+def remove_files(paths: Iterable[Path]) -> list[Path]:
+    """Remove `paths`; return those actually removed."""
+    removed = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+            logger.debug("removed %s", path)
+    return removed
+
+
+def _unix_socket_paths(prefix: str) -> dict[str, Path]:
+    """{socket inode: bound path} of the unix sockets whose path starts with `prefix`."""
+    by_inode: dict[str, Path] = {}
+    with contextlib.suppress(OSError), open("/proc/net/unix") as table:
         next(table)
         for line in table:
             fields = line.split()
-            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith(prefix):
-                paths.append(Path(fields[7]))
-    return paths
+            if len(fields) >= 8 and fields[7].startswith(prefix):
+                by_inode[fields[6]] = Path(fields[7])
+    return by_inode
+
+
+def _socket_inodes(pid: int | str) -> set[str]:
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def hivemind_socket_files(pids: Iterable[int | str]) -> set[Path]:
+    """The /tmp/hivemind-*.sock files that `pids` hold open (p2pd's and its clients' sockets).
+
+    Found through /proc (the fds' socket inodes matched against /proc/net/unix), so only these
+    processes' files are named, never another run's on the same machine.
+    """
+    by_inode = _unix_socket_paths(f"{SOCKET_DIR}/hivemind-")
+    return {by_inode[inode] for pid in pids for inode in _socket_inodes(pid) if inode in by_inode}
+
+
+def own_unix_socket_paths() -> list[Path]:
+    """Paths of the hivemind unix sockets this process holds open (e.g. a P2P replica's client socket)."""
+    return sorted(hivemind_socket_files(["self"]))
+
+
+def p2pd_socket_ids(pids: Iterable[int]) -> set[str]:
+    """Socket ids of hivemind p2pd daemons among `pids`, read from their command lines.
+
+    hivemind names a daemon's sockets /tmp/hivemind-p2pd-<id>.sock and -p2pclient-<id>.sock; when
+    its processes are killed nobody removes them, so a kill records the ids first.
+    """
+    return {sid for pid in pids for sid in _P2PD_SOCKET_RE.findall("\0".join(cmdline(pid)))}
+
+
+def p2pd_socket_paths(socket_id: str) -> list[Path]:
+    return [SOCKET_DIR / f"hivemind-{kind}-{socket_id}.sock" for kind in ("p2pd", "p2pclient")]
+
+
+def remove_p2pd_sockets(socket_ids: Iterable[str]) -> list[Path]:
+    """Remove the socket files of the given daemons; return the paths actually removed."""
+    return remove_files(path for socket_id in socket_ids for path in p2pd_socket_paths(socket_id))

@@ -46,12 +46,8 @@ def spawn(owner_pid: int, pids: list[int], files: list[Path]) -> subprocess.Pope
     return reaper
 
 
-def _same_process(pid: int, start_time: int | None) -> bool:
-    return processes.is_alive(pid) and processes.start_time(pid) == start_time
-
-
 def _wait_for_owner(owner: tuple[int, int | None]) -> None:
-    while _same_process(*owner):
+    while processes.same_process(*owner):
         readable, _, _ = select.select([sys.stdin.fileno()], [], [], _POLL_S)
         if readable and not os.read(sys.stdin.fileno(), 4096):
             return  # EOF: the owner closed the pipe (clean shutdown) or died
@@ -62,7 +58,7 @@ def main() -> int:
     order = json.loads(sys.stdin.buffer.readline())
     _wait_for_owner(tuple(order["owner"]))
     for pid, start_time in order["pids"]:
-        if _same_process(pid, start_time):
+        if processes.same_process(pid, start_time):
             processes.stop_pid(pid, grace_s=3.0)
     processes.remove_files([Path(f) for f in order["files"]])
     return 0

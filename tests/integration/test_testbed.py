@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from p2p_trainer import processes as tb_processes
 from p2p_trainer.lab.testbed import (
     HostSpec,
     Testbed,
@@ -26,7 +27,6 @@ from p2p_trainer.lab.testbed import (
     uniform_hosts,
 )
 from p2p_trainer.lab.testbed import netns as tb_netns
-from p2p_trainer.lab.testbed import pids as tb_processes
 from p2p_trainer.lab.testbed.measure import PROBE_PATH
 from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, skip_unless_supported, testbed_factory
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from p2p_trainer import processes
 from p2p_trainer.lab.testbed import HostSpec, TestbedConfig, TestbedConfigError, uniform_hosts
-from p2p_trainer.lab.testbed import pids as processes
 from p2p_trainer.lab.testbed.netns import (
     LinkCounters,
     NetnsError,

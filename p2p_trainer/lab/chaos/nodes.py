@@ -16,8 +16,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from p2p_trainer.lab.testbed.pids import descendants
-from p2p_trainer.procs import Child
+from p2p_trainer.processes import Child, descendants, hivemind_socket_files
 from p2p_trainer.run.local_swarm import (
     LocalOptions,
     bootstrap_argv,
@@ -25,28 +24,6 @@ from p2p_trainer.run.local_swarm import (
     read_initial_peers,
     thread_env,
 )
-
-
-def hivemind_socket_files(pids: set[int]) -> set[Path]:
-    """The /tmp/hivemind-*.sock files that `pids` have open (p2pd's and its clients' sockets).
-
-    Nobody removes them when their processes are SIGKILLed, so a kill notes them first.
-    """
-    by_inode: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
-            fields = line.split()
-            if len(fields) >= 8 and "/hivemind-" in fields[7]:
-                by_inode[fields[6]] = fields[7]
-    found: set[Path] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    target = os.readlink(fd)
-                    if target.startswith("socket:[") and target[8:-1] in by_inode:
-                        found.add(Path(by_inode[target[8:-1]]))
-    return found
 
 
 class Node(Protocol):

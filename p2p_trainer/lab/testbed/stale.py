@@ -8,13 +8,12 @@ longer alive. (A recycled PID hides an instance's debris until that PID exits to
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 from pathlib import Path
 
+from p2p_trainer import processes
 from p2p_trainer.lab.testbed import netns
-from p2p_trainer.lab.testbed import pids as processes
 from p2p_trainer.lab.testbed.cgroup import CpuCgroup, detect_layout
 
 logger = logging.getLogger(__name__)
@@ -23,16 +22,6 @@ logger = logging.getLogger(__name__)
 def _owner_pid(name: str, prefix: str) -> int | None:
     match = re.match(rf"^{re.escape(prefix)}-(\d+)-\d+(?:-|$)", name)
     return int(match.group(1)) if match else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _cgroup_pids(path: Path) -> set[int]:
@@ -46,7 +35,9 @@ def cleanup_stale(prefix: str = "p2ptb", kill_grace_s: float = 5.0) -> list[str]
     """Kill processes in, and delete, namespaces and cgroups of dead instances; return what went."""
     removed: list[str] = []
     stale_ns = [
-        name for name in netns.list_namespaces() if (pid := _owner_pid(name, prefix)) and not _pid_alive(pid)
+        name
+        for name in netns.list_namespaces()
+        if (pid := _owner_pid(name, prefix)) and not processes.is_alive(pid)
     ]
     layout = detect_layout()
     stale_cg: list[Path] = []
@@ -54,7 +45,7 @@ def cleanup_stale(prefix: str = "p2ptb", kill_grace_s: float = 5.0) -> list[str]
         stale_cg = [
             path
             for path in layout.root.iterdir()
-            if path.is_dir() and (pid := _owner_pid(path.name, prefix)) and not _pid_alive(pid)
+            if path.is_dir() and (pid := _owner_pid(path.name, prefix)) and not processes.is_alive(pid)
         ]
     pids: set[int] = set()
     for name in stale_ns:

@@ -30,8 +30,8 @@ from functools import partial
 from types import TracebackType
 from typing import IO, Any
 
+from p2p_trainer import processes
 from p2p_trainer.lab.testbed import netns
-from p2p_trainer.lab.testbed import pids as processes
 from p2p_trainer.lab.testbed.cgroup import CpuCgroup, detect_layout
 from p2p_trainer.lab.testbed.guard import CleanupGuard
 from p2p_trainer.lab.testbed.layout import HostSpec, TestbedConfig, TestbedConfigError

@@ -14,16 +14,17 @@ import logging
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from p2p_trainer.cli import to_toml
-from p2p_trainer.config import OuterConfig, RunConfig
+from p2p_trainer.config import ExchangeConfig, OuterConfig, RunConfig
 from p2p_trainer.lab.testbed import Testbed, TestbedConfig
 from p2p_trainer.lab.testbed.layout import HostSpec
+from p2p_trainer.round_log import read_log
+from p2p_trainer.run.launcher import JoinArgs, bootstrap_argv, join_argv, read_initial_peers
 
 logger = logging.getLogger("wan_bench")
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ class Variant:
     name: str
     method: str
     outer: dict[str, Any] = field(default_factory=dict)
-    """OuterConfig overrides on top of the method's reference values."""
+    """OuterConfig and ExchangeConfig overrides (by field name) on top of the method's reference values."""
     snapshot_every: int = 1
     """Rounds between snapshots (data-parallel's rounds are single steps, so it uses H)."""
 
@@ -47,7 +48,7 @@ class SwarmSpec:
     rate_mbit: float
     cpu_cores: float
     budget_s: float
-    """Wall-time budget of every peer (its --max-minutes), and the time at which methods are compared."""
+    """Wall-time budget of every peer (its --minutes), and the time at which methods are compared."""
     min_rounds: int = 0
     """A run whose slowest peer has fewer rounds than this at the budget goes on until it has them
     (then every peer gets SIGTERM), up to `max_budget_s`: so a slow method (hivemind's, DiLoCo's
@@ -70,27 +71,21 @@ fully in 4 of 13 rounds). Factored gossip keeps the default: it is ours, failure
 
 def variant_config(base: RunConfig, v: Variant, h: int, timeout_s: float) -> RunConfig:
     if v.method == "hivemind":
-        outer = OuterConfig.for_method("independent", num_inner_steps=h)
-    else:
-        outer = OuterConfig.for_method(
-            v.method, **{"num_inner_steps": h, "exchange_timeout_s": timeout_s, **v.outer}
-        )
-    return dataclasses.replace(base, outer=outer)
+        return dataclasses.replace(base, outer=OuterConfig.for_method("independent", num_inner_steps=h))
+    exchange_keys = {f.name for f in dataclasses.fields(ExchangeConfig)}
+    knobs = {k: value for k, value in v.outer.items() if k not in exchange_keys}
+    rules = {k: value for k, value in v.outer.items() if k in exchange_keys}
+    outer = OuterConfig.for_method(v.method, **{"num_inner_steps": h, **knobs})
+    exchange = dataclasses.replace(base.exchange, **{"timeout_s": timeout_s, **rules})
+    return dataclasses.replace(base, outer=outer, exchange=exchange)
 
 
 def _start_bootstrap(tb: Testbed, out: Path, timeout_s: float = 90.0) -> tuple[subprocess.Popen[Any], str]:
+    """The bootstrap node in host "boot" (the testbed kills it on close) and its --initial-peers line."""
     err = open(out / "bootstrap.log", "wb")
-    argv = [sys.executable, "-m", "p2p_trainer", "bootstrap", "--host", tb.address("boot"), "--port", "31337"]
-    argv += ["--identity", str(out / "keys" / "boot.key"), "--status-interval-s", "60"]
+    argv = bootstrap_argv(out / "keys" / "boot.key", tb.address("boot"), port=31337, status_interval_s=60)
     proc = tb.run("boot", argv, env={"PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=err)
-    assert proc.stdout is not None
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline().decode().strip()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(timeout_s)
-    if not box or not box[0].startswith("--initial-peers"):
-        raise RuntimeError(f"bootstrap did not start within {timeout_s:.0f} s; see {out / 'bootstrap.log'}")
-    return proc, box[0]
+    return proc, read_initial_peers(proc, out / "bootstrap.log", timeout_s)
 
 
 def _peer_argv(
@@ -112,30 +107,32 @@ def _peer_argv(
             *argv,
             "--peers",
             str(spec.peers),
-            "--max-minutes",
+            "--minutes",
             minutes,
             "--snapshot-every",
             str(v.snapshot_every),
         ]
-    argv = [sys.executable, "-m", "p2p_trainer", "join", "--config", str(config), *initial.split()]
-    argv += ["--identity", str(out / "keys" / f"peer{i}.key"), "--host", tb.address(f"h{i}")]
-    argv += ["--run-dir", str(peer_dir), "--wait-for-peers", str(spec.peers), "--torch-threads", "1"]
-    return [*argv, "--max-minutes", minutes, "--snapshot-every", str(v.snapshot_every)]
+    args = JoinArgs(
+        config_path=config,
+        identity=out / "keys" / f"peer{i}.key",
+        run_dir=peer_dir,
+        host=tb.address(f"h{i}"),
+        wait_for_peers=spec.peers,
+        extra=("--minutes", minutes, "--snapshot-every", str(v.snapshot_every)),
+    )
+    return join_argv(args, initial)
 
 
 def peer_budget_s(spec: SwarmSpec) -> float:
-    """Each peer's own --max-minutes: the budget, or the cap when the harness may extend the run."""
+    """Each peer's own --minutes: the budget, or the cap when the harness may extend the run."""
     if spec.min_rounds <= 0:
         return spec.budget_s
     return spec.max_budget_s or 2.5 * spec.budget_s
 
 
 def rounds_logged(metrics: Path) -> int:
-    """Round records a peer has written so far (its metrics.jsonl is appended a line per record)."""
-    try:
-        return metrics.read_bytes().count(b'"kind": "round"')
-    except FileNotFoundError:
-        return 0
+    """Round records a peer has written so far (0 before its metrics.jsonl exists)."""
+    return len(read_log(metrics).rounds)
 
 
 def run_swarm(v: Variant, cfg: RunConfig, spec: SwarmSpec, out: Path) -> dict[str, Any]:

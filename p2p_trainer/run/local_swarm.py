@@ -12,130 +12,37 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from p2p_trainer.config import RunConfig
-from p2p_trainer.procs import Child, wait_all
+from p2p_trainer.processes import Child, wait_all
+from p2p_trainer.round_log import FinalRecord, RoundRecord, read_log
+from p2p_trainer.run.launcher import LocalOptions, LocalSwarm
 from p2p_trainer.train.checkpoint import atomic_write_text, read_anchor
-from p2p_trainer.train.metrics import read_records
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LocalOptions:
-    config_path: Path
-    """The run config every peer loads (written into the run directory)."""
-    run: RunConfig
-    peers: int
-    run_dir: Path
-    max_minutes: float | None = None
-    torch_threads: int = 1
-    startup_timeout_s: float = 60.0
-
-
-def _python() -> list[str]:
-    return [sys.executable, "-m", "p2p_trainer"]
-
-
-def bootstrap_argv(run_dir: Path, host: str = "127.0.0.1") -> list[str]:
-    return [
-        *_python(),
-        "bootstrap",
-        "--host",
-        host,
-        "--port",
-        "0",
-        "--identity",
-        str(run_dir / "keys" / "bootstrap.key"),
-        "--status-interval-s",
-        "30",
-    ]
-
-
-def read_initial_peers(boot: Child, run_dir: Path, timeout_s: float) -> str:
-    """The `--initial-peers ...` line a starting bootstrap node prints first (stops it if none comes)."""
-    stdout = boot.proc.stdout
-    assert stdout is not None
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(stdout.readline().decode().strip()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not box or not box[0].startswith("--initial-peers"):
-        boot.stop(timeout_s=5)
-        raise RuntimeError(f"the bootstrap node did not start; see {run_dir / 'bootstrap.log'}")
-    return box[0]
-
-
-def start_bootstrap(run_dir: Path, timeout_s: float) -> tuple[Child, str]:
-    boot = Child("bootstrap", bootstrap_argv(run_dir), run_dir / "bootstrap.log")
-    return boot, read_initial_peers(boot, run_dir, timeout_s)
-
-
-def peer_argv(
-    opts: LocalOptions, i: int, initial_peers: str, threads: int, host: str = "127.0.0.1"
-) -> list[str]:
-    """`p2p-trainer join` for peer i: identity keys/peer{i}.key, run directory peer{i}/."""
-    argv = [
-        *_python(),
-        "join",
-        "--config",
-        str(opts.config_path),
-        *initial_peers.split(),
-        "--identity",
-        str(opts.run_dir / "keys" / f"peer{i}.key"),
-        "--host",
-        host,
-        "--run-dir",
-        str(opts.run_dir / f"peer{i}"),
-        "--wait-for-peers",
-        str(opts.peers),
-        "--torch-threads",
-        str(threads),
-        "--data-key",
-        f"peer{i}",  # the same streams as the in-process reference's peer i
-    ]
-    if opts.max_minutes:
-        argv += ["--max-minutes", str(opts.max_minutes)]
-    return argv
-
-
-def thread_env(threads: int) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-
-
-def start_peer(
-    opts: LocalOptions, i: int, initial_peers: str, threads: int, extra: list[str] | None = None
-) -> Child:
-    argv = peer_argv(opts, i, initial_peers, threads) + (extra or [])
-    return Child(f"peer{i}", argv, opts.run_dir / f"peer{i}" / "log.txt", thread_env(threads))
 
 
 def peer_rows(run_dir: Path, peers: int) -> list[dict[str, Any]]:
     rows = []
     for i in range(peers):
-        recs = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
-        rounds = [r for r in recs if r.get("kind") == "round"]
-        final = next((r for r in recs if r.get("kind") == "final"), None)
-        last = rounds[-1] if rounds else {}
-        last_ex = last.get("exchanges", [])
+        log = read_log(run_dir / f"peer{i}" / "metrics.jsonl")
+        last, final = (log.rounds[-1] if log.rounds else None), log.final
         rows.append(
             {
                 "peer": f"peer{i}",
-                "round": last.get("round", -1) + 1 if rounds else 0,
-                "step": last.get("step", 0),
-                "loss": last.get("train_loss"),
-                "val_loss": final["val_loss"] if final else last.get("val_loss"),
-                "tokens_per_s": last["tokens"] / last["time_s"] if rounds and last["time_s"] > 0 else 0.0,
+                "round": last.round + 1 if last else 0,
+                "step": last.step if last else 0,
+                "loss": last.train_loss if last else None,
+                "val_loss": final.val_loss if final else last.val_loss if last else None,
+                "tokens_per_s": last.tokens / last.time_s if last and last.time_s > 0 else 0.0,
                 "last_exchange": ", ".join(
-                    f"{e['tag']}:{'ok' if e['ok'] else 'FAILED'}({e['group_size']})" for e in last_ex
+                    f"{e.tag}:{'ok' if e.ok else 'FAILED'}({e.group_size})"
+                    for e in (last.exchanges if last else ())
                 ),
                 "done": final is not None,
             }
@@ -172,24 +79,23 @@ def summarize(opts: LocalOptions, wall_s: float, interrupted: bool) -> dict[str,
     anchors = []
     for i in range(opts.peers):
         d = opts.run_dir / f"peer{i}"
-        recs = read_records(d / "metrics.jsonl")
-        rounds = [r for r in recs if r.get("kind") == "round"]
-        final = next((r for r in recs if r.get("kind") == "final"), {})
-        compute = sum(r["compute_s"] for r in rounds)
-        wall = sum(r["wall_s"] for r in rounds)
-        exchanges = [e for r in rounds for e in r["exchanges"]]
+        log = read_log(d / "metrics.jsonl")
+        rounds, final = log.rounds, log.final
+        compute = sum(r.compute_s for r in rounds)
+        wall = sum(r.wall_s for r in rounds)
+        exchanges = [e for r in rounds for e in r.exchanges]
         peers.append(
             {
                 "peer": f"peer{i}",
                 "rounds": len(rounds),
-                "tokens": rounds[-1]["tokens"] if rounds else 0,
-                "val_loss": final.get("val_loss"),
+                "tokens": rounds[-1].tokens if rounds else 0,
+                "val_loss": final.val_loss if final else None,
                 "utilisation": compute / wall if wall else 0.0,
-                "blocked_s": sum(r["blocked_s"] for r in rounds),
-                "bytes_sent": sum(r["bytes_sent"] for r in rounds),
-                "bytes_received": sum(r["bytes_received"] for r in rounds),
+                "blocked_s": sum(r.blocked_s for r in rounds),
+                "bytes_sent": sum(r.bytes_sent for r in rounds),
+                "bytes_received": sum(r.bytes_received for r in rounds),
                 "exchanges": len(exchanges),
-                "failed_exchanges": sum(1 for e in exchanges if not e["ok"]),
+                "failed_exchanges": sum(1 for e in exchanges if not e.ok),
             }
         )
         if (d / "checkpoint.safetensors").exists():
@@ -227,13 +133,13 @@ def plot_val_loss(run_dir: Path, peers: int, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i in range(peers):
-        recs = [
-            r for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("val_loss") is not None
+        points = [
+            (r.time_s, r.val_loss)
+            for r in read_log(run_dir / f"peer{i}" / "metrics.jsonl").records
+            if isinstance(r, RoundRecord | FinalRecord) and r.val_loss is not None
         ]
-        if recs:
-            ax.plot(
-                [r["time_s"] for r in recs], [r["val_loss"] for r in recs], marker="o", ms=3, label=f"peer{i}"
-            )
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", ms=3, label=f"peer{i}")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("validation loss (nats/byte)")
     ax.legend()
@@ -250,17 +156,12 @@ def run_local(opts: LocalOptions, show: bool = True) -> dict[str, Any]:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
-    boot, initial = start_bootstrap(opts.run_dir, opts.startup_timeout_s)
-    children: list[Child] = []
+    swarm = LocalSwarm(opts)
     try:
-        children = [start_peer(opts, i, initial, opts.torch_threads) for i in range(opts.peers)]
-        _watch(opts, children, stop, show)
+        swarm.start_bootstrap()
+        _watch(opts, [swarm.start_peer(i) for i in range(opts.peers)], stop, show)
     finally:
-        for c in children:  # all at once: a peer waiting on an already-stopped partner would stall
-            c.send(signal.SIGINT)
-        for c in children:
-            c.stop(timeout_s=60)
-        boot.stop(timeout_s=15)
+        swarm.stop(peer_timeout_s=60, boot_timeout_s=15)
         for s, h in previous.items():
             signal.signal(s, h)
     summary = summarize(opts, time.monotonic() - started, stop.is_set())

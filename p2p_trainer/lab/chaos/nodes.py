@@ -9,18 +9,19 @@ through the testbed, which signals the process tree.
 from __future__ import annotations
 
 import contextlib
-import os
+import dataclasses
 import signal
 import subprocess
-import threading
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from p2p_trainer.processes import Child, descendants, hivemind_socket_files
-from p2p_trainer.run.local_swarm import (
+from p2p_trainer.run.launcher import (
     LocalOptions,
+    LocalSwarm,
     bootstrap_argv,
-    peer_argv,
+    join_argv,
+    peer_args,
     read_initial_peers,
     thread_env,
 )
@@ -64,14 +65,13 @@ class LocalNode:
         return self.child.alive()
 
     def _group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.child.pid, sig)
+        self.child.signal_group(sig)
 
     def kill(self) -> None:
         # nobody removes a SIGKILLed p2pd's socket files: note them first, remove them after
         sockets = hivemind_socket_files({self.pid} | descendants(self.pid))
         self._group(signal.SIGKILL)
-        self.child.stop(timeout_s=10)
+        self.child.stop(timeout_s=10, wait_tree=False)  # the swarm's close waits for the rest
         for path in sockets:
             path.unlink(missing_ok=True)
         self.removed_sockets |= sockets
@@ -84,7 +84,7 @@ class LocalNode:
 
     def stop(self, timeout_s: float) -> None:
         self._group(signal.SIGCONT)  # a stalled node cannot handle SIGINT
-        self.child.stop(timeout_s=timeout_s)
+        self.child.stop(timeout_s=timeout_s, wait_tree=False)
 
 
 class ChaosSwarm:
@@ -93,16 +93,15 @@ class ChaosSwarm:
     def __init__(self, opts: LocalOptions, startup_timeout_s: float = 60.0) -> None:
         self.opts, self.startup_timeout_s = opts, startup_timeout_s
         self.initial_peers = ""
+        self._local = LocalSwarm(dataclasses.replace(opts, startup_timeout_s=startup_timeout_s))
 
     def start_bootstrap(self) -> Node:
-        child = Child("bootstrap", bootstrap_argv(self.opts.run_dir), self.opts.run_dir / "bootstrap.log")
-        self.initial_peers = read_initial_peers(child, self.opts.run_dir, self.startup_timeout_s)
+        child = self._local.start_bootstrap()
+        self.initial_peers = self._local.initial_peers
         return LocalNode(child)
 
     def start_peer(self, i: int, extra: list[str]) -> Node:
-        argv = peer_argv(self.opts, i, self.initial_peers, self.opts.torch_threads) + extra
-        log = self.opts.run_dir / f"peer{i}" / "log.txt"
-        return LocalNode(Child(f"peer{i}", argv, log, thread_env(self.opts.torch_threads)))
+        return LocalNode(self._local.start_peer(i, extra))
 
     def throttle(self, i: int, rate_mbit: float) -> None:
         raise NotImplementedError("link events need the testbed (the scenario sets testbed = true)")
@@ -114,7 +113,8 @@ class ChaosSwarm:
         raise NotImplementedError("link events need the testbed")
 
     def close(self) -> None:
-        return None
+        """Stop what still runs; wait for everything the nodes started (in all their lives)."""
+        self._local.stop(peer_timeout_s=30, boot_timeout_s=10)
 
 
 class TestbedNode:
@@ -181,25 +181,22 @@ class TestbedChaosSwarm(ChaosSwarm):
         node = self._run(
             "boot",
             "bootstrap",
-            bootstrap_argv(self.opts.run_dir, host=self.tb.address("boot")),
+            bootstrap_argv(self.opts.run_dir / "keys" / "bootstrap.key", host=self.tb.address("boot")),
             self.opts.run_dir / "bootstrap.log",
         )
-        stdout = node.proc.stdout
-        assert stdout is not None
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(stdout.readline().decode().strip()), daemon=True)
-        reader.start()
-        reader.join(self.startup_timeout_s)
-        if not box or not box[0].startswith("--initial-peers"):
+        try:
+            self.initial_peers = read_initial_peers(
+                node.proc, self.opts.run_dir / "bootstrap.log", self.startup_timeout_s
+            )
+        except RuntimeError:
             node.kill()
-            raise RuntimeError(f"the bootstrap node did not start; see {self.opts.run_dir / 'bootstrap.log'}")
-        self.initial_peers = box[0]
+            raise
         return node
 
     def start_peer(self, i: int, extra: list[str]) -> Node:
         host = f"p{i}"
-        argv = peer_argv(self.opts, i, self.initial_peers, self.opts.torch_threads, self.tb.address(host))
-        return self._run(host, f"peer{i}", argv + extra, self.opts.run_dir / f"peer{i}" / "log.txt")
+        argv = join_argv(peer_args(self.opts, i, self.tb.address(host), extra), self.initial_peers)
+        return self._run(host, f"peer{i}", argv, self.opts.run_dir / f"peer{i}" / "log.txt")
 
     def throttle(self, i: int, rate_mbit: float) -> None:
         self.tb.set_rate(f"p{i}", rate_mbit, rate_mbit)

@@ -1,0 +1,246 @@
+"""Launching a swarm: a bootstrap node, the `--initial-peers` line it prints, and `join` peers.
+
+Every launcher builds the command lines here: `p2p-trainer local`, the chaos runner, the WAN bench
+and the tests. On loopback `LocalSwarm` starts them as tracked children (`processes.Child`: own
+session, always reaped, with everything they started); inside testbed namespaces the caller
+starts the same argv with `tb.run(host, argv, ...)` and reads the bootstrap node's address with
+the same `read_initial_peers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from p2p_trainer.config import RunConfig, to_toml
+from p2p_trainer.processes import Child, reap_tree
+from p2p_trainer.train.checkpoint import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+class BootstrapStartError(RuntimeError):
+    """The bootstrap node exited, or printed no `--initial-peers` line in time."""
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    config_path: Path
+    """The run config every peer loads (written into the run directory)."""
+    run: RunConfig
+    """That config, parsed."""
+    peers: int
+    """Peer processes to start."""
+    run_dir: Path
+    """Keys (keys/), the bootstrap node's log and one directory per peer (peer{i}/) go here."""
+    max_minutes: float | None = None
+    """Every peer's wall-time limit (None: it stops after its rounds)."""
+    torch_threads: int = 1
+    """Torch threads per peer process."""
+    startup_timeout_s: float = 60.0
+    """How long the bootstrap node may take to print its address."""
+
+
+def local_options(
+    run_dir: Path, cfg: RunConfig, peers: int, torch_threads: int = 1, max_minutes: float | None = None
+) -> LocalOptions:
+    """Options for a swarm of `peers` running `cfg`, with the config written to run_dir/config.toml."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.toml"
+    atomic_write_text(path, to_toml(cfg))
+    return LocalOptions(path, cfg, peers, run_dir, max_minutes=max_minutes, torch_threads=torch_threads)
+
+
+def python_argv() -> list[str]:
+    return [sys.executable, "-m", "p2p_trainer"]
+
+
+def bootstrap_argv(
+    identity: Path, host: str = LOOPBACK, port: int = 0, status_interval_s: float = 30.0
+) -> list[str]:
+    """`p2p-trainer bootstrap`; it prints `--initial-peers <multiaddr>` on stdout once it listens."""
+    return [
+        *python_argv(),
+        "bootstrap",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--identity",
+        str(identity),
+        "--status-interval-s",
+        f"{status_interval_s:g}",
+    ]
+
+
+@dataclass(frozen=True)
+class JoinArgs:
+    """The options of one `p2p-trainer join` peer."""
+
+    config_path: Path
+    """The run config it loads."""
+    identity: Path
+    """Its identity key (created on first use)."""
+    run_dir: Path
+    """Its metrics, checkpoints and snapshots."""
+    host: str = LOOPBACK
+    """The address it listens on."""
+    wait_for_peers: int = 1
+    """Peers it waits for before its first round."""
+    torch_threads: int = 1
+    """Torch threads of its process."""
+    data_key: str | None = None
+    """Its data stream (None: join's default, from its identity)."""
+    max_minutes: float | None = None
+    """Its wall-time limit (None: it stops after its rounds)."""
+    extra: tuple[str, ...] = ()
+    """More `join` options, after the others (a repeated option overrides the earlier one)."""
+
+
+def join_argv(args: JoinArgs, initial_peers: str) -> list[str]:
+    """`p2p-trainer join` with `initial_peers` as the bootstrap node printed it."""
+    argv = [*python_argv(), "join", "--config", str(args.config_path), *initial_peers.split()]
+    argv += ["--identity", str(args.identity), "--host", args.host, "--run-dir", str(args.run_dir)]
+    argv += ["--wait-for-peers", str(args.wait_for_peers), "--torch-threads", str(args.torch_threads)]
+    if args.data_key is not None:
+        argv += ["--data-key", args.data_key]
+    if args.max_minutes:
+        argv += ["--minutes", str(args.max_minutes)]
+    return [*argv, *args.extra]
+
+
+def peer_args(opts: LocalOptions, i: int, host: str = LOOPBACK, extra: Sequence[str] = ()) -> JoinArgs:
+    """Peer i of a local swarm: identity keys/peer{i}.key, run directory peer{i}/."""
+    return JoinArgs(
+        config_path=opts.config_path,
+        identity=opts.run_dir / "keys" / f"peer{i}.key",
+        run_dir=opts.run_dir / f"peer{i}",
+        host=host,
+        wait_for_peers=opts.peers,
+        torch_threads=opts.torch_threads,
+        data_key=f"peer{i}",  # the same streams as the in-process reference's peer i
+        max_minutes=opts.max_minutes,
+        extra=tuple(extra),
+    )
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def _log_tail(log_path: Path, lines: int = 5) -> str:
+    try:
+        text = log_path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_initial_peers(proc: subprocess.Popen[Any], log_path: Path, timeout_s: float) -> str:
+    """The `--initial-peers ...` line a starting bootstrap node prints first on its (piped) stdout.
+
+    Raises `BootstrapStartError` naming its log when it exits first or prints nothing in time;
+    stopping it is the caller's part (a `Child` or the testbed owns it).
+    """
+    stdout = proc.stdout
+    assert stdout is not None, "the bootstrap node's stdout must be a pipe"
+    box: list[str] = []
+
+    def read() -> None:
+        line = stdout.readline()
+        box.append(line.decode(errors="replace") if isinstance(line, bytes) else line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    line = box[0].strip() if box else ""
+    if line.startswith("--initial-peers"):
+        return line
+    try:
+        code: int | None = proc.wait(timeout=1.0) if box else proc.poll()
+    except subprocess.TimeoutExpired:
+        code = None
+    why = (
+        f"it exited with code {code}"
+        if code is not None
+        else f"it printed {line[:200]!r} instead of its address"
+        if line
+        else f"it printed no address within {timeout_s:.0f} s"
+    )
+    tail = _log_tail(log_path)
+    raise BootstrapStartError(
+        f"the bootstrap node did not start: {why}; see {log_path}" + (f":\n{tail}" if tail else "")
+    )
+
+
+class LocalSwarm:
+    """A bootstrap node and peer processes on loopback, as tracked children.
+
+    `stop` (also on leaving a `with` block) stops and reaps every process it started, restarted
+    peers' earlier lives included, and waits for what they started in other sessions.
+    """
+
+    def __init__(self, opts: LocalOptions) -> None:
+        self.opts = opts
+        self.boot: Child | None = None
+        self.peers: dict[int, Child] = {}
+        """The current process of each peer."""
+        self.initial_peers = ""
+        """The bootstrap node's `--initial-peers <multiaddr>` line."""
+        self.started: list[Child] = []
+        """Every process started, in order."""
+
+    def _start(self, child: Child) -> Child:
+        self.started.append(child)
+        return child
+
+    def start_bootstrap(self) -> Child:
+        log = self.opts.run_dir / "bootstrap.log"
+        boot = self._start(
+            Child("bootstrap", bootstrap_argv(self.opts.run_dir / "keys" / "bootstrap.key"), log)
+        )
+        try:
+            self.initial_peers = read_initial_peers(boot.proc, log, self.opts.startup_timeout_s)
+        except BootstrapStartError:
+            boot.stop(timeout_s=5)
+            raise
+        self.boot = boot
+        return boot
+
+    def start_peer(self, i: int, extra: Sequence[str] = ()) -> Child:
+        """Start peer i (again, after a kill: under the same identity); `extra`: more join options."""
+        argv = join_argv(peer_args(self.opts, i, extra=extra), self.initial_peers)
+        log = self.opts.run_dir / f"peer{i}" / "log.txt"
+        self.peers[i] = self._start(Child(f"peer{i}", argv, log, thread_env(self.opts.torch_threads)))
+        return self.peers[i]
+
+    def stop(self, peer_timeout_s: float = 60.0, boot_timeout_s: float = 15.0) -> None:
+        """SIGINT every peer (clean shutdown), wait for them, then for the bootstrap node; reap all."""
+        current = list(self.peers.values())
+        for child in current:  # all at once: a peer waiting on a stopped partner would stall
+            child.send(signal.SIGINT)
+        for child in current:
+            child.stop(timeout_s=peer_timeout_s, wait_tree=False)
+        if self.boot is not None:
+            self.boot.stop(timeout_s=boot_timeout_s, wait_tree=False)
+        for child in self.started:  # earlier lives of restarted peers (the others return at once)
+            child.stop(timeout_s=peer_timeout_s, wait_tree=False)
+        reap_tree({pid: started for child in self.started for pid, started in child.tree.items()})
+
+    def __enter__(self) -> LocalSwarm:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

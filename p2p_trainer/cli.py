@@ -1,65 +1,52 @@
-"""The `p2p-trainer` command line. click lives only here (and in the commands it registers)."""
+"""The `p2p-trainer` command line. click lives only here (and in the commands it registers).
+
+Commands import torch and hivemind inside their functions, so `p2p-trainer --help` (and every
+command's `--help`) answers without loading them. A run stopped by SIGINT or SIGTERM exits with
+128 + the signal's number (130 for Ctrl-C), after saving what it measured.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
-import torch
 
-from p2p_trainer.config import ConfigError, OuterConfig, RunConfig, load_config, to_toml
+from p2p_trainer.cli_options import (
+    minutes_option,
+    node_options,
+    run_config_options,
+    run_dir_option,
+)
+from p2p_trainer.config import ConfigError, RunConfig, load_config, to_toml
 from p2p_trainer.lab.sim.command import simulate
 from p2p_trainer.logs import setup_logging
 from p2p_trainer.net.bootstrap_command import bootstrap
+from p2p_trainer.net.node_defaults import DEFAULT_PEER_IDENTITY
 from p2p_trainer.net.signals import install_stop_handlers
-from p2p_trainer.train.data import DataError
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "peers" / "default.toml"
+if TYPE_CHECKING:
+    from p2p_trainer.fault_points import FaultPoint
+
+INTERRUPTED = 130
+"""Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it."""
 
 
-def resolve_config(config: str | None, method: str | None, rounds: int | None, seed: int | None) -> RunConfig:
-    """The config file (or the bundled default), with command-line overrides on top."""
+def resolve_config(
+    config: str | None, method: str | None = None, rounds: int | None = None, seed: int | None = None
+) -> RunConfig:
+    """The config file (or the packaged default), with command-line overrides on top.
+
+    `--method` changes only the method: the file's other [outer] values stay, and the method's
+    reference values fill only what the file leaves unset (`load_config`).
+    """
     try:
-        cfg = (
-            load_config(config)
-            if config
-            else (load_config(DEFAULT_CONFIG) if DEFAULT_CONFIG.exists() else RunConfig())
-        )
-        if method and method != cfg.outer.method:
-            keep = {
-                "num_inner_steps": cfg.outer.num_inner_steps,
-                "exchange_timeout_s": cfg.outer.exchange_timeout_s,
-            }
-            cfg = dataclasses.replace(cfg, outer=OuterConfig.for_method(method, **keep))
-        if rounds is not None:
-            cfg = dataclasses.replace(cfg, rounds=rounds)
-        if seed is not None:
-            cfg = dataclasses.replace(cfg, seed=seed)
+        return load_config(config, method=method, rounds=rounds, seed=seed)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    return cfg
-
-
-config_option = click.option(
-    "--config",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Run config TOML (default: peers/default.toml).",
-)
-method_option = click.option(
-    "--method",
-    type=click.Choice(["factored", "noloco", "diloco", "data-parallel", "independent"]),
-    default=None,
-    help="Outer method (default: the config's, factored).",
-)
-rounds_option = click.option(
-    "--rounds", type=click.IntRange(min=1), default=None, help="Outer rounds to train."
-)
-seed_option = click.option("--seed", type=int, default=None, help="Run seed.")
 
 
 @click.group()
@@ -75,40 +62,26 @@ main.add_command(bootstrap)
 main.add_command(simulate)
 
 
-def _kill_point(text: str | None) -> tuple[str, int] | None:
-    from p2p_trainer.net.self_kill import parse_kill_at
+def _kill_point(text: str | None) -> tuple[FaultPoint, int] | None:
+    from p2p_trainer.fault_points import parse_fault_point
 
     try:
-        return None if text is None else parse_kill_at(text)
+        return None if text is None else parse_fault_point(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--kill-self-at") from None
 
 
+@main.command("config")
+@run_config_options
+def show_config(config: str | None, method: str | None, rounds: int | None, seed: int | None) -> None:
+    """Print the resolved run config (every field) as TOML: what `local` and `join` would run."""
+    click.echo(to_toml(resolve_config(config, method, rounds, seed)), nl=False)
+
+
 @main.command()
-@config_option
-@method_option
-@rounds_option
-@seed_option
-@click.option(
-    "--initial-peers", multiple=True, required=True, help="Multiaddr of a running node (repeatable)."
-)
-@click.option(
-    "--identity",
-    "identity_path",
-    default="~/.p2p-trainer/peer.key",
-    show_default=True,
-    help="Ed25519 key file, created (0600) on first run.",
-)
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=0, show_default=True, type=int, help="TCP port (0: any free port).")
-@click.option("--announce-host", default=None, help="Address others dial (behind NAT / in containers).")
-@click.option(
-    "--run-dir",
-    type=click.Path(file_okay=False),
-    default="runs/peer",
-    show_default=True,
-    help="Where metrics.jsonl and checkpoints go.",
-)
+@run_config_options
+@node_options(0, DEFAULT_PEER_IDENTITY, initial_peers_required=True)
+@run_dir_option("runs/peer", "Where metrics.jsonl and checkpoints go.")
 @click.option(
     "--wait-for-peers",
     default=1,
@@ -123,7 +96,7 @@ def _kill_point(text: str | None) -> tuple[str, int] | None:
     type=click.FloatRange(min=0),
     help="Longest wait for --wait-for-peers before training anyway.",
 )
-@click.option("--max-minutes", type=float, default=None, help="Stop after this much wall time.")
+@minutes_option
 @click.option("--resume", is_flag=True, help="Continue from RUN_DIR/checkpoint.safetensors.")
 @click.option(
     "--checkpoint-every",
@@ -133,7 +106,7 @@ def _kill_point(text: str | None) -> tuple[str, int] | None:
     help="Checkpoint every this many rounds (and on exit).",
 )
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None, help="Intra-op threads for torch.")
-@click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--data-key", default=None, help="Seeds this peer's data stream (default: its peer id).")
 @click.option(
     "--swarm",
@@ -156,36 +129,39 @@ def join(
     method: str | None,
     rounds: int | None,
     seed: int | None,
-    initial_peers: tuple[str, ...],
-    identity_path: str,
     host: str,
     port: int,
     announce_host: str | None,
+    identity_path: str,
+    initial_peers: tuple[str, ...],
     run_dir: str,
     wait_for_peers: int,
     wait_timeout_s: float,
-    max_minutes: float | None,
+    minutes: float | None,
     resume: bool,
     checkpoint_every: int,
     torch_threads: int | None,
-    device: str,
+    device: str | None,
     data_key: str | None,
     swarm: str,
     kill_self_at: str | None,
     snapshot_every: int,
 ) -> None:
     """Join a swarm as a training peer."""
+    import torch
+
     from p2p_trainer.net.addresses import AddressError
     from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
     from p2p_trainer.net.identity import IdentityError
     from p2p_trainer.net.records import RunDefinitionMismatch
     from p2p_trainer.run.join import JoinOptions, run_peer
+    from p2p_trainer.train.data import DataError
 
     cfg = resolve_config(config, method, rounds, seed)
     if torch_threads:
         torch.set_num_threads(torch_threads)
     stop = threading.Event()
-    install_stop_handlers(stop)
+    stopped_by = install_stop_handlers(stop)
     dht = DHTConfig(
         identity_path=str(Path(identity_path).expanduser()),
         host=host,
@@ -199,17 +175,17 @@ def join(
         run_dir=Path(run_dir),
         wait_for_peers=wait_for_peers,
         wait_timeout_s=wait_timeout_s,
-        max_minutes=max_minutes,
+        max_minutes=minutes,
         resume=resume,
         checkpoint_every=checkpoint_every,
-        device=device,
+        device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
         data_key=data_key,
         swarm=swarm,
         kill_self_at=_kill_point(kill_self_at),
         snapshot_every=snapshot_every,
     )
     try:
-        sys.exit(run_peer(opts, stop))
+        code = run_peer(opts, stop)
     except (
         AddressError,
         IdentityError,
@@ -219,23 +195,17 @@ def join(
         ConfigError,
     ) as exc:
         raise click.ClickException(str(exc)) from None
+    signum = stopped_by()
+    sys.exit(128 + signum if code == 0 and signum is not None else code)
 
 
 @main.command()
-@config_option
-@method_option
-@rounds_option
-@seed_option
+@run_config_options
 @click.option(
     "--peers", default=4, show_default=True, type=click.IntRange(min=1), help="Peer processes to start."
 )
-@click.option("--minutes", type=float, default=None, help="Stop every peer after this much wall time.")
-@click.option(
-    "--run-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Output directory (default: runs/local-<time>).",
-)
+@minutes_option
+@run_dir_option(None, "Output directory (default: runs/local-<time>).")
 @click.option("--no-live", is_flag=True, help="No live table (for logs and CI).")
 def local(
     config: str | None,
@@ -267,6 +237,12 @@ def local(
         summary = run_local(opts, show=not no_live)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+    _echo_local_summary(summary, peers, out)
+    if summary["interrupted"]:
+        sys.exit(INTERRUPTED)
+
+
+def _echo_local_summary(summary: dict[str, Any], peers: int, out: Path) -> None:
     click.echo(
         f"\nmethod {summary['method']}, {peers} peers, {summary['wall_s']:.0f} s, {summary['tokens']} tokens"
     )
@@ -286,13 +262,8 @@ def local(
 
 @main.command()
 @click.argument("scenario_path", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Output directory (default: runs/chaos-<name>-<time>).",
-)
-def chaos(scenario_path: str, out: str | None) -> None:
+@run_dir_option(None, "Output directory (default: runs/chaos-<name>-<time>).")
+def chaos(scenario_path: str, run_dir: str | None) -> None:
     """Run a fault scenario (timed kills, stalls, restarts, link faults) on a local swarm; report it."""
     import time
 
@@ -306,9 +277,9 @@ def chaos(scenario_path: str, out: str | None) -> None:
         scenario = load_chaos_scenario(scenario_path)
     except ChaosScenarioError as exc:
         raise click.ClickException(str(exc)) from None
-    out_dir = Path(out or f"runs/chaos-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = Path(run_dir or f"runs/chaos-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     stop = threading.Event()
-    install_stop_handlers(stop)
+    stopped_by = install_stop_handlers(stop)
     try:
         report = run_scenario(scenario, out_dir, stop)
     except RuntimeError as exc:
@@ -327,25 +298,28 @@ def chaos(scenario_path: str, out: str | None) -> None:
             f"max {100 * tpr['max_abs_deviation']:.1f}%, {tpr['within_5pct']}/{tpr['counted_rounds']} within 5%"
         )
     console.print(f"report: {out_dir / 'report.json'}")
+    signum = stopped_by()
+    if signum is not None:
+        sys.exit(128 + signum)
 
 
 @main.command()
-@config_option
-@method_option
-@rounds_option
-@seed_option
-@click.option("--peers", default=4, show_default=True, type=click.IntRange(min=1))
+@run_config_options
+@click.option("--peers", default=4, show_default=True, type=click.IntRange(min=1), help="Peers to train.")
 def inprocess(
     config: str | None, method: str | None, rounds: int | None, seed: int | None, peers: int
 ) -> None:
     """Train N peers in one process over the exact in-process backend (the reference for the swarm)."""
     from p2p_trainer.run.threads import run_inprocess
+    from p2p_trainer.train.data import DataError
 
     cfg = resolve_config(config, method, rounds, seed)
     try:
         result = run_inprocess(cfg, peers)
     except DataError as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED)
     click.echo(
         f"method {cfg.outer.method}: validation loss per peer "
         f"{', '.join(f'{v:.3f}' for v in result.val_loss)}; averaged model {result.mean_model_val_loss:.3f}; "

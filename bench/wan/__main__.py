@@ -60,7 +60,7 @@ def variants(h: int, mix2_every: list[int], align_rounds: bool = True) -> list[V
         )
         for k in mix2_every
     ]
-    # float16 on the wire (outer.wire_dtype): half the bytes; asked for by name with --methods
+    # float16 on the wire (exchange.wire_dtype): half the bytes; asked for by name with --methods
     half = {"wire_dtype": "float16"}
     extra = [Variant("factored-mix1-fp16", "factored", {"mix2_rounds": 0, **align, **half})]
     extra += [
@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def base_config(quick: bool) -> Any:
-    cfg = load_config(REPO / "peers" / "default.toml")
+    cfg = load_config()  # the packaged default run
     cfg = dataclasses.replace(cfg, inner=dataclasses.replace(cfg.inner, eval_every=0))
     if quick:  # a model small enough that data-parallel takes enough steps in seconds
         model = dataclasses.replace(cfg.model, d_model=48, n_layers=2, seq_len=64)
@@ -148,7 +148,7 @@ def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int
                 run = run_swarm(v, cfg, spec, run_dir)
             # a run extended for --min-rounds is measured over all of it; comparisons stay at the budget
             window = max(spec.budget_s, run.get("stop_s", spec.budget_s))
-            value_bytes = 2 if cfg.outer.wire_dtype == "float16" else 4  # the theory and bounds follow it
+            value_bytes = 2 if cfg.exchange.wire_dtype == "float16" else 4  # the theory and bounds follow it
             stats = run_stats(run_dir, run, spec.peers, spec.rate_mbit, window, ev.num_params, value_bytes)
             curve = evaluated.get((v.name, seed)) or loss_curve(
                 run_dir, spec.peers, ev, args.max_points, window

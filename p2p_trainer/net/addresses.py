@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from hivemind.utils.multiaddr import Multiaddr
 
@@ -62,9 +63,23 @@ def host_maddr(host: str, port: int) -> str:
 
 
 def announce_maddr(announce_host: str, port: int) -> str:
-    """The multiaddr other machines should dial (behind NAT or in a container)."""
+    """The multiaddr other machines should dial (behind NAT or in a container), at the bound `port`."""
     if port == 0:
         raise AddressError(
-            "--announce-host needs an explicit --port (other machines must know it); e.g. --port 31337"
+            "the announced address needs the port the node listens on; pick it first (free_port)"
         )
     return f"/{_ip_protocol(announce_host, '--announce-host')}/{announce_host}/tcp/{port}"
+
+
+def check_announce_host(announce_host: str) -> None:
+    """Raise `AddressError` unless `--announce-host` is an IP address."""
+    _ip_protocol(announce_host, "--announce-host")
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on `host` now. With `--announce-host` and `--port 0` the node listens
+    on it and announces it: p2pd takes its announced addresses at start, before it binds."""
+    family = socket.AF_INET6 if _ip_protocol(host, "--host") == "ip6" else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

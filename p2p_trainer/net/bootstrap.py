@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2p_trainer.net.dht import DHTCallTimeout, DHTConfig, NetNode, start_node
+from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_IDENTITY as DEFAULT_IDENTITY_PATH
+from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_PORT as DEFAULT_PORT
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_IDENTITY_PATH = "~/.p2p-trainer/bootstrap.key"
-DEFAULT_PORT = 31337
 
 
 @dataclass(frozen=True)

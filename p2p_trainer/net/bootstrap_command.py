@@ -1,4 +1,7 @@
-"""`p2p-trainer bootstrap`: the click command (the lead's CLI registers `bootstrap`)."""
+"""`p2p-trainer bootstrap`: the click command (the lead's CLI registers `bootstrap`).
+
+hivemind is imported inside the command, so `p2p-trainer --help` does not load it (nor torch).
+"""
 
 from __future__ import annotations
 
@@ -8,36 +11,13 @@ import threading
 
 import click
 
-from p2p_trainer.net.addresses import AddressError
-from p2p_trainer.net.bootstrap import (
-    DEFAULT_IDENTITY_PATH,
-    DEFAULT_PORT,
-    BootstrapConfig,
-    NodeDiedError,
-    initial_peers_args,
-    run_bootstrap,
-)
-from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
-from p2p_trainer.net.identity import IdentityError
+from p2p_trainer.cli_options import node_options
+from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_IDENTITY, DEFAULT_BOOTSTRAP_PORT
 from p2p_trainer.net.signals import install_stop_handlers
 
 
 @click.command("bootstrap")
-@click.option("--host", default="0.0.0.0", show_default=True, help="IP address to listen on.")
-@click.option(
-    "--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port (0: any free port)."
-)
-@click.option(
-    "--announce-host", default=None, help="Address other machines dial (behind NAT / in containers)."
-)
-@click.option(
-    "--identity",
-    "identity_path",
-    default=DEFAULT_IDENTITY_PATH,
-    show_default=True,
-    help="Ed25519 key file, created (0600) on first run; keeps the peer id stable across restarts.",
-)
-@click.option("--initial-peers", multiple=True, help="Another bootstrap node to join (repeatable).")
+@node_options(DEFAULT_BOOTSTRAP_PORT, DEFAULT_BOOTSTRAP_IDENTITY, initial_peers_required=False)
 @click.option(
     "--status-interval-s", default=60.0, show_default=True, type=float, help="Seconds between status lines."
 )
@@ -54,8 +34,13 @@ def bootstrap(
     connect_attempts: int,
 ) -> None:
     """Run a long-lived DHT node that peers join; prints the --initial-peers text to use elsewhere."""
+    from p2p_trainer.net.addresses import AddressError
+    from p2p_trainer.net.bootstrap import BootstrapConfig, NodeDiedError, initial_peers_args, run_bootstrap
+    from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
+    from p2p_trainer.net.identity import IdentityError
+
     stop_event = threading.Event()
-    install_stop_handlers(stop_event)
+    stopped_by = install_stop_handlers(stop_event)
     dht = DHTConfig(
         identity_path=identity_path,
         host=host,
@@ -75,7 +60,10 @@ def bootstrap(
     except (AddressError, IdentityError, InitialPeersUnreachable, NodeDiedError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except InterruptedError:
-        return
+        pass
+    signum = stopped_by()
+    if signum is not None:
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,13 @@ from hivemind.p2p import PeerID
 
 from p2p_trainer import processes
 from p2p_trainer.net import reaper, records
-from p2p_trainer.net.addresses import announce_maddr, host_maddr, validate_initial_peers
+from p2p_trainer.net.addresses import (
+    announce_maddr,
+    check_announce_host,
+    free_port,
+    host_maddr,
+    validate_initial_peers,
+)
 from p2p_trainer.net.identity import (
     IdentityError,
     IdentityInUseError,
@@ -58,7 +64,7 @@ class DHTConfig:
     host: str = "0.0.0.0"
     """IP address to listen on (0.0.0.0: all interfaces)."""
     port: int = 0
-    """TCP port to listen on; 0 picks a free one (then --announce-host cannot be used)."""
+    """TCP port to listen on; 0 picks a free one (announced with --announce-host, if given)."""
     announce_host: str | None = None
     """Address other machines should dial, for nodes behind NAT or in containers."""
     initial_peers: tuple[str, ...] = ()
@@ -90,7 +96,7 @@ def _unreachable_message(config: DHTConfig, last_error: str) -> str:
         f"(last error: {last_error}). Check that a bootstrap node is running and that these are the "
         f"exact addresses its `p2p-trainer bootstrap` printed (the /p2p/ peer id changes if its identity "
         f"file changed); that its TCP port is open in firewalls between the machines; and, if it runs "
-        f"behind NAT or in a container, that it was started with --announce-host and a fixed --port"
+        f"behind NAT or in a container, that it was started with --announce-host"
     )
 
 
@@ -114,11 +120,13 @@ def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], tim
 def _try_start(
     config: DHTConfig, identity: NodeIdentity, initial_peers: list[str]
 ) -> tuple[hivemind.DHT, list[processes.DaemonProcess]]:
-    announce = [announce_maddr(config.announce_host, config.port)] if config.announce_host else None
+    # p2pd takes the announced address at start, so a node that announces one picks its port first
+    port = free_port(config.host) if config.announce_host and config.port == 0 else config.port
+    announce = [announce_maddr(config.announce_host, port)] if config.announce_host else None
     dht = hivemind.DHT(
         initial_peers=initial_peers or None,
         start=False,
-        host_maddrs=[host_maddr(config.host, config.port)],
+        host_maddrs=[host_maddr(config.host, port)],
         announce_maddrs=announce,
         identity_path=str(identity.path),
         check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check in NetNode
@@ -176,7 +184,7 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
     validate_initial_peers(config.initial_peers)
     host_maddr(config.host, config.port)
     if config.announce_host:
-        announce_maddr(config.announce_host, config.port)
+        check_announce_host(config.announce_host)
     identity = load_or_create_identity(config.identity_path)
     for maddr in config.initial_peers:
         if maddr.rstrip("/").endswith(f"/p2p/{identity.peer_id}"):

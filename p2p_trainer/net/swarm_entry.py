@@ -5,17 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from p2p_trainer.config import NetworkConfig
 from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 
 logger = logging.getLogger(__name__)
-
-HEARTBEAT_PERIOD_S = 10.0
-"""How often a peer publishes its heartbeat."""
-HEARTBEAT_TTL_S = 3 * HEARTBEAT_PERIOD_S
-"""A peer missing three heartbeats in a row drops out of `list_live_peers`."""
-RUN_DEFINITION_TTL_S = 600.0
-"""Every peer re-publishes the run definition (via `check_run_definition`) well within this."""
 
 
 def join_swarm(
@@ -23,17 +17,17 @@ def join_swarm(
     run_name: str,
     run_definition: dict[str, object],
     stop: threading.Event | None = None,
+    definition_ttl_s: float = NetworkConfig.run_definition_ttl_s,
 ) -> NetNode:
     """Start this peer's DHT node and refuse to join if the swarm's run definition differs.
 
     Raises `AddressError`, `IdentityError`, `InitialPeersUnreachable` or `RunDefinitionMismatch`;
     on any of them nothing is left running. The caller owns the returned node and must `shutdown()` it.
+    Every joiner re-publishes the run definition, which lives `definition_ttl_s` in the DHT.
     """
     node = start_node(config, stop=stop)
     try:
-        records.check_run_definition(
-            node, run_name, records.RunDefinition(run_definition), RUN_DEFINITION_TTL_S
-        )
+        records.check_run_definition(node, run_name, records.RunDefinition(run_definition), definition_ttl_s)
     except BaseException:
         node.shutdown()
         raise

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p_trainer import __version__
+from p2p_trainer.config import NetworkConfig
 from p2p_trainer.net import records
 from p2p_trainer.net.dht import NetNode
 
@@ -41,7 +42,13 @@ class PeerStatus:
 
 
 class SwarmView:
-    def __init__(self, node: NetNode, run_name: str, period_s: float = 2.0, ttl_s: float = 8.0) -> None:
+    def __init__(
+        self,
+        node: NetNode,
+        run_name: str,
+        period_s: float = NetworkConfig.view_period_s,
+        ttl_s: float = NetworkConfig.heartbeat_ttl_s,
+    ) -> None:
         self.node, self.run_name = node, run_name
         self.period_s, self.ttl_s = period_s, ttl_s
         self.status = PeerStatus()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from p2p_trainer.net.addresses import (
     EXAMPLE_INITIAL_PEER,
     AddressError,
     announce_maddr,
+    check_announce_host,
+    free_port,
     host_maddr,
     validate_initial_peer,
     validate_initial_peers,
@@ -48,9 +52,19 @@ def test_host_and_announce_addresses() -> None:
     assert host_maddr("0.0.0.0", 0) == "/ip4/0.0.0.0/tcp/0"
     assert host_maddr("::", 31337) == "/ip6/::/tcp/31337"
     assert announce_maddr("203.0.113.5", 31337) == "/ip4/203.0.113.5/tcp/31337"
-    with pytest.raises(AddressError, match="needs an explicit --port"):
+    with pytest.raises(AddressError, match="needs the port the node listens on"):
         announce_maddr("203.0.113.5", 0)
+    with pytest.raises(AddressError, match=r"--announce-host 'example\.org' is not an IP address"):
+        check_announce_host("example.org")
     with pytest.raises(AddressError, match="--host 'localhost' is not an IP address"):
         host_maddr("localhost", 0)
     with pytest.raises(AddressError, match="--port 70000 is out of range"):
         host_maddr("127.0.0.1", 70000)
+
+
+def test_a_free_port_can_be_bound_and_announced() -> None:
+    # --announce-host without --port: the node listens on, and announces, a port picked for it
+    port = free_port("127.0.0.1")
+    assert 0 < port <= 65535 and announce_maddr("203.0.113.5", port) == f"/ip4/203.0.113.5/tcp/{port}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))

@@ -11,6 +11,7 @@ import torch
 from p2p_trainer.config import (
     ConfigError,
     DataConfig,
+    ExchangeConfig,
     ModelConfig,
     OuterConfig,
     RunConfig,
@@ -26,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bad_values_say_what_to_change() -> None:
     with pytest.raises(ConfigError, match=r"divisible by model\.n_heads"):
         ModelConfig(d_model=130, n_heads=4)
-    with pytest.raises(ConfigError, match=r"outer\.wire_dtype='bfloat8': choose one of float32, float16"):
-        OuterConfig(wire_dtype="bfloat8")
+    with pytest.raises(ConfigError, match=r"exchange\.wire_dtype='bfloat8': choose one of float32, float16"):
+        ExchangeConfig(wire_dtype="bfloat8")
     with pytest.raises(ConfigError, match="choose one of"):
         OuterConfig(method="allreduce")
     with pytest.raises(ConfigError, match="unknown key"):
@@ -43,7 +44,8 @@ def test_method_defaults_come_from_the_chosen_method() -> None:
 
 def test_every_shipped_config_loads() -> None:
     files = sorted((ROOT / "peers").glob("*.toml")) + sorted((ROOT / "bench").glob("*.toml"))
-    assert files, "the repository ships peer configs"
+    files.append(ROOT / "p2p_trainer" / "config" / "default.toml")
+    assert len(files) >= 2, "the repository ships peer configs"
     for f in files:
         assert isinstance(load_config(f), RunConfig)
 

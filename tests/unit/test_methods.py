@@ -9,7 +9,7 @@ import torch
 from p2p_trainer.algo import outer
 from p2p_trainer.algo.groups import group_seed, partition
 from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
-from p2p_trainer.config import OuterConfig
+from p2p_trainer.config import ExchangeConfig, OuterConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ExchangeRequest, Ok
 
@@ -118,13 +118,15 @@ def test_failed_exchange_keeps_own_update() -> None:
     # Only peer 0 of a 2-peer swarm shows up: the exchange times out and the peer's own Δ is used.
     anchors, fast = _peers(2, seed=4)
     swarm = InProcessSwarm(2, seed=0)
-    cfg = OuterConfig.for_method("diloco", exchange_timeout_s=0.2)
+    cfg = OuterConfig.for_method("diloco")
     state = OuterState(
         anchor=[a.clone() for a in anchors[0]], momentum=[torch.zeros_like(a) for a in anchors[0]]
     )
     report = RoundReport(0)
     params = [f.clone() for f in fast[0]]
-    build_method(cfg, swarm.exchange(0)).end_round(params, state, 1.0, report)
+    build_method(cfg, swarm.exchange(0), xcfg=ExchangeConfig(timeout_s=0.2)).end_round(
+        params, state, 1.0, report
+    )
     assert not report.exchanges[0].ok and "timed out" in report.exchanges[0].reason
     own = outer.pseudo_grad(anchors[0], fast[0])
     expect, _ = outer.nesterov_outer_step(
@@ -168,12 +170,11 @@ class _Done:
 
 
 def test_mix1_waits_for_its_partner_all_round_even_after_a_long_mix2_shrank_the_grace_window() -> None:
-    cfg = OuterConfig.for_method(
-        "factored", num_inner_steps=10, mix2_every=1, grace_min_s=1.0, grace_max_s=5.0, mix1_grace_s=2.0
-    )
+    cfg = OuterConfig.for_method("factored", num_inner_steps=10, mix2_every=1)
+    xcfg = ExchangeConfig(grace_min_s=1.0, grace_max_s=5.0, mix1_grace_s=2.0)
     rec = _Recorder()
-    timing = grace_tracker(cfg)
-    method = build_method(cfg, rec, timing)
+    timing = grace_tracker(xcfg)
+    method = build_method(cfg, rec, timing, xcfg)
     anchors, fast = _peers(1)
     state = OuterState(anchor=anchors[0], momentum=[torch.zeros_like(a) for a in anchors[0]])
     for _ in range(2):

@@ -23,7 +23,7 @@ NO_FAILURES = Scenario(
     num_inner_steps=50,
     step_s=1.0,
     horizon_s=6 * 3600.0,
-    mix2_every_rounds=4,
+    mix2_every=4,
 )
 
 
@@ -64,7 +64,7 @@ def test_stragglers_slow_synchronous_methods_not_learners() -> None:
 
 
 def test_gossip_mix1_is_hidden_when_fast_and_dropped_after_grace_when_slow() -> None:
-    fast = dataclasses.replace(NO_FAILURES, mix2_every_rounds=0, bandwidth_gbps=10.0)
+    fast = dataclasses.replace(NO_FAILURES, mix2_every=0, bandwidth_gbps=10.0)
     r = simulate(fast)["gossip"]
     assert r.mean_round_s == pytest.approx(50.0)
     assert r.extra["mix1_dropped_fraction"] == 0.0
@@ -142,7 +142,7 @@ def test_one_injected_failure_costs_exactly_pause_lost_work_and_repair() -> None
 
 
 def test_exchange_overhead_adds_to_every_outer_round_not_to_overlapped_ones() -> None:
-    base = dataclasses.replace(NO_FAILURES, mix2_every_rounds=0, bandwidth_gbps=100.0)
+    base = dataclasses.replace(NO_FAILURES, mix2_every=0, bandwidth_gbps=100.0)
     slow = dataclasses.replace(base, exchange_overhead_s=4.0)
     a, b = simulate(base), simulate(slow)
     for name in ("diloco", "noloco"):
@@ -153,7 +153,7 @@ def test_exchange_overhead_adds_to_every_outer_round_not_to_overlapped_ones() ->
 
 def test_testbed_terms_link_efficiency_round_overhead_and_overlap_cpu() -> None:
     """The three terms that describe real (CPU-capped, shaped-link) peers, each on its own."""
-    base = dataclasses.replace(NO_FAILURES, methods=("diloco", "noloco", "gossip"), mix2_every_rounds=0)
+    base = dataclasses.replace(NO_FAILURES, methods=("diloco", "noloco", "gossip"), mix2_every=0)
     ideal = simulate(base)
     allreduce = ring_allreduce_s(8, 4e8, 1e9 / 8, 0.02)
     slow = simulate(dataclasses.replace(base, link_efficiency=0.5))

@@ -24,7 +24,14 @@ from p2p_trainer.lab.sim.output import (
     surrogate_table,
     write_report,
 )
-from p2p_trainer.lab.sim.scenario import METHODS, Scenario, ScenarioError, load_scenario, scenario_from_dict
+from p2p_trainer.lab.sim.scenario import (
+    ALLREDUCES,
+    METHODS,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    scenario_from_dict,
+)
 from p2p_trainer.lab.sim.surrogate import run_surrogate
 
 
@@ -42,7 +49,7 @@ def _scenario_options(func: Callable[..., Any]) -> Callable[..., Any]:
             )(func)
             continue
         default = getattr(Scenario(), f.name)
-        kind = type(default)
+        kind: Any = click.Choice(ALLREDUCES) if f.name == "allreduce" else type(default)
         func = click.option(flag, f.name, type=kind, default=None, help=f"[default: {default}]")(func)
     return func
 

@@ -2,7 +2,7 @@
 
 Learners never wait for each other. After each round of H inner steps a learner sends its update to
 the syncer and keeps stepping; it only stalls if the round trip to the syncer takes longer than its
-overlap budget `overlap_steps` steps. The syncer (docs/algorithms.md §4) merges once `quorum` learners
+overlap budget `grace_overlap_steps` steps. The syncer (docs/algorithms.md §4) merges once `quorum` learners
 have a pending contribution, then waits a grace window
 
     grace = clamp(gamma * (tau * t_step - t_quorum - t_sync), 0, grace_max_s)
@@ -133,9 +133,9 @@ def decoupled(sw: SampledSwarm) -> MethodResult:
     sync_s = s.exchange_overhead_s + latency.group_average_s(
         2, s.exchange_bytes, sw.bandwidth_Bps, sw.alpha_s
     )
-    stall_s = np.maximum(0.0, sync_s - s.overlap_steps * s.step_s * sw.speed)
+    stall_s = np.maximum(0.0, sync_s - s.grace_overlap_steps * s.step_s * sw.speed)
     clocks = _LearnerClocks(r, sync_s, stall_s, np.zeros(s.num_peers), np.full(s.num_peers, -1.0))
-    grace = GraceWindow(s.grace_gamma, s.overlap_steps * s.step_s, s.grace_max_s)
+    grace = GraceWindow(s.grace_gamma, s.grace_overlap_steps * s.step_s, s.grace_max_s)
     trace = run_syncer(clocks.next_after, quorum_size(s), grace, float(sync_s.mean()), s.horizon_s)
     clocks.run_out()
     opened = np.concatenate(([0.0], trace.close_s[:-1]))

@@ -12,11 +12,15 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import tomllib
 
 SECONDS_PER_YEAR = 365.0 * 86400.0
+
+AllReduce = Literal["ring", "tree"]
+ALLREDUCES: tuple[str, ...] = get_args(AllReduce)
+"""All-reduce latency models (latency.py)."""
 
 METHODS = ("sync_dp", "elastic_dp", "diloco", "decoupled", "noloco", "gossip")
 """Every simulated method, in report order (see methods.py)."""
@@ -81,14 +85,15 @@ class Scenario:
     round_overhead_s: float = 0.0
     """Per-round time outside inner steps and exchanges (outer step, snapshot, metrics, checkpoint)."""
     num_inner_steps: int = 100
-    """H: inner steps per outer round."""
+    """H: inner steps per outer round (the run config's outer.num_inner_steps, as are the knobs
+    below named like run-config fields: outer.group_size, outer.mix2_every, exchange.quorum_fraction...)."""
     group_size: int = 2
     """g: NoLoCo group size and Mix1 group size of factored gossip."""
-    mix2_every_rounds: int = 10
+    mix2_every: int = 10
     """Factored gossip: blocking Mix2 every this many rounds (0: never)."""
     mix2_group_size: int = 0
     """Factored gossip Mix2 group size; 0 means all peers (an all-reduce)."""
-    allreduce: str = "ring"
+    allreduce: AllReduce = "ring"
     """All-reduce latency model for DiLoCo and Mix2: "ring" or "tree" (latency.py)."""
     quorum_fraction: float = 0.5
     """Decoupled DiLoCo: the syncer merges once this fraction of learners has contributed."""
@@ -96,8 +101,9 @@ class Scenario:
     """Decoupled DiLoCo: gamma_g of the adaptive grace window (docs/algorithms.md §4)."""
     grace_max_s: float = 60.0
     """Decoupled DiLoCo: upper clamp of the grace window."""
-    overlap_steps: int = 10
-    """tau: inner steps a peer may run while its exchange completes (learners never wait for less)."""
+    grace_overlap_steps: int = 10
+    """τ: inner steps a peer may run while its exchange completes (learners never wait for less);
+    exchange.grace_overlap_steps in the run config."""
     horizon_s: float = 86400.0
     """Simulated wall-clock time."""
     seed: int = 0
@@ -142,10 +148,10 @@ class Scenario:
             raise ScenarioError(f"quorum_fraction={self.quorum_fraction}: must be in (0, 1]")
         if self.group_size > self.num_peers:
             raise ScenarioError(f"group_size={self.group_size} exceeds num_peers={self.num_peers}")
-        if self.mix2_every_rounds < 0 or self.mix2_group_size < 0 or self.overlap_steps < 0:
-            raise ScenarioError("mix2_every_rounds, mix2_group_size and overlap_steps must be >= 0")
-        if self.allreduce not in ("ring", "tree"):
-            raise ScenarioError(f'allreduce="{self.allreduce}": use "ring" or "tree"')
+        if self.mix2_every < 0 or self.mix2_group_size < 0 or self.grace_overlap_steps < 0:
+            raise ScenarioError("mix2_every, mix2_group_size and grace_overlap_steps must be >= 0")
+        if self.allreduce not in ALLREDUCES:
+            raise ScenarioError(f"allreduce={self.allreduce!r}: choose one of {', '.join(ALLREDUCES)}")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ScenarioError(f"methods={list(self.methods)}: choose a non-empty subset of {list(METHODS)}")

@@ -97,10 +97,10 @@ def _outer_round(
     if method == "noloco":  # §2 with γ = α: m ← β m + α (mean_G(θ) − φ); φ ← φ + m
         m = 0.5 * m + 0.7 * (_group_mean(theta, s.group_size, groups) - phi)
         return phi + m, m
-    # gossip, §3: Mix1 on anchors, Mix2 on pseudo-gradients every mix2_every_rounds
+    # gossip, §3: Mix1 on anchors, Mix2 on pseudo-gradients every mix2_every
     phi_hat = _group_mean(phi, s.group_size, groups)
     delta = phi - theta
-    if s.mix2_every_rounds and (rnd + 1) % s.mix2_every_rounds == 0:
+    if s.mix2_every and (rnd + 1) % s.mix2_every == 0:
         if s.mix2_group_size == 0:
             delta = np.broadcast_to(delta.mean(axis=0), delta.shape)
         else:

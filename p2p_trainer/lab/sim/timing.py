@@ -16,7 +16,7 @@ dropping a failed slice). Rounds are simulated one at a time, vectorised over pe
 - noloco (§2): after H steps each peer averages with a random group (seeded permutation per round);
   a group waits for its slowest member.
 - gossip (§3): Mix1 (group average of anchors) overlaps the H steps; if late, a peer waits at most
-  the grace window and then drops it; every `mix2_every_rounds` a blocking Mix2.
+  the grace window and then drops it; every `mix2_every` a blocking Mix2.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def noloco(sw: SampledSwarm) -> MethodResult:
 def gossip(sw: SampledSwarm) -> MethodResult:
     s = sw.scenario
     r = RoundState.start(sw)
-    grace_s = min(s.grace_max_s, s.grace_gamma * s.overlap_steps * s.step_s)
+    grace_s = min(s.grace_max_s, s.grace_gamma * s.grace_overlap_steps * s.step_s)
     allreduce = s.exchange_overhead_s + latency.allreduce_s(
         s.allreduce, s.num_peers, s.exchange_bytes, float(sw.bandwidth_Bps.min()), float(sw.alpha_s.max())
     )
@@ -243,7 +243,7 @@ def gossip(sw: SampledSwarm) -> MethodResult:
         dropped += int(late.sum())
         ready = np.where(late, finish + grace_s, np.maximum(finish, mix1_done))
         nxt = ready
-        if s.mix2_every_rounds and (rnd + 1) % s.mix2_every_rounds == 0:
+        if s.mix2_every and (rnd + 1) % s.mix2_every == 0:
             if s.mix2_group_size == 0:
                 nxt = np.full(s.num_peers, ready.max() + allreduce)
                 blocked_all += allreduce
@@ -258,8 +258,8 @@ def gossip(sw: SampledSwarm) -> MethodResult:
         else latency.group_bytes_per_peer(s.mix2_group_size, s.exchange_bytes)
     )
     per_round = latency.group_bytes_per_peer(s.group_size, s.exchange_bytes)
-    if s.mix2_every_rounds:
-        per_round += mix2_bytes / s.mix2_every_rounds
+    if s.mix2_every:
+        per_round += mix2_bytes / s.mix2_every
     extra = {"mix1_dropped_fraction": dropped / max(rnd * s.num_peers, 1)}
     return method_result("gossip", r.ledger, r.uptime(blocked_all), per_round, **extra)
 

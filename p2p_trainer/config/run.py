@@ -1,0 +1,170 @@
+"""The outer method's config (with per-method defaults) and `RunConfig`, which nests every section."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from p2p_trainer.config.checks import check_fields, choices, require
+from p2p_trainer.config.sections import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, NetworkConfig
+
+Method = Literal["factored", "noloco", "diloco", "data-parallel", "independent"]
+METHODS: tuple[str, ...] = choices(Method)
+
+
+# Reference hyperparameters per method (docs/algorithms.md §1–§3): each method names every field
+# whose default depends on the method, so no method inherits another's values.
+_COMMON: dict[str, Any] = {
+    "num_inner_steps": 50,
+    "outer_lr": 0.7,
+    "outer_momentum": 0.5,
+    "group_size": 2,
+    "align_rounds": False,
+}
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "diloco": {**_COMMON, "outer_momentum": 0.9},
+    "noloco": dict(_COMMON),
+    # β = 0.5 as NoLoCo: with pair-sized groups the pseudo-gradient is noisy, and DiLoCo's 0.9 over-amplifies
+    # it (in-process: 2.502 vs 2.472 nats/byte after 300 steps).
+    # No barrier: round-keyed Mix1 pairs meet only if rounds start together, hence align_rounds.
+    "factored": {**_COMMON, "align_rounds": True},
+    "data-parallel": dict(_COMMON),
+    "independent": dict(_COMMON),
+}
+
+
+class _MethodDefault:
+    """Marks an `OuterConfig` field left unset: the constructor fills it from `METHOD_DEFAULTS`."""
+
+    def __repr__(self) -> str:
+        return "<method default>"
+
+
+BY_METHOD: Any = _MethodDefault()
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    """The outer method and its math knobs; unset knobs take the method's reference values."""
+
+    method: Method = "factored"
+    """One of: factored, noloco, diloco, data-parallel, independent."""
+    num_inner_steps: int = BY_METHOD
+    """H: inner steps per outer round (50 for every method unless set)."""
+    outer_lr: float = BY_METHOD
+    """α (0.7 for every method unless set)."""
+    outer_momentum: float = BY_METHOD
+    """β (0.9 for DiLoCo, 0.5 for the others unless set)."""
+    gamma: float | None = None
+    """NoLoCo's γ (pull towards the group's anchors); None means γ = α."""
+    group_size: int = BY_METHOD
+    """g: NoLoCo's group and factored Mix1's group G1 (0 = all peers; 2 unless set)."""
+    mix2_group_size: int = 2
+    """g2: factored Mix2's group on pseudo-gradients (0 = all peers, i.e. an all-reduce)."""
+    mix2_rounds: int = 1
+    """k2: consecutive Mix2 gossip rounds per blocking phase (0 skips Mix2)."""
+    mix2_every: int = 1
+    """Run Mix2 every K outer rounds (the knob between utilisation and agreement)."""
+    token_weighted: bool = True
+    """Weight group means by tokens processed since the last merge (docs/algorithms.md §5)."""
+    align_rounds: bool = BY_METHOD
+    """Factored gossip: a peer that starts a round behind the earliest peer of its round (DHT
+    heartbeats) leaves out the inner steps it is late by (at most H − 1), so round starts line up and
+    round-keyed Mix1 pairs meet; token weighting (§5) counts the shorter round less. On unless set
+    for factored, off for the others. Off whenever target_tokens_per_round > 0: constant work
+    fixes each round's tokens."""
+    target_tokens_per_round: int = 0
+    """T (§6, constant work per round): tokens the whole swarm processes per outer round. Each live
+    peer takes an equal share and tops up with extra micro-batches (gradient accumulation) when peers
+    vanish, so every update sees the same amount of data as in a failure-free run. 0 disables it:
+    each peer then does num_inner_steps × inner.grad_accum micro-batches whatever the swarm's size.
+    Set it to peers × num_inner_steps × grad_accum × batch_size × seq_len for the planned swarm."""
+
+    def __post_init__(self) -> None:
+        # the method first: it decides the defaults the other fields are checked with
+        require(self.method in METHODS, f"outer.method={self.method!r}: choose one of {', '.join(METHODS)}")
+        for name, value in METHOD_DEFAULTS[self.method].items():
+            if getattr(self, name) is BY_METHOD:
+                object.__setattr__(self, name, value)
+        check_fields(self, "outer")
+        require(self.num_inner_steps >= 1, f"outer.num_inner_steps={self.num_inner_steps}: use at least 1")
+        require(self.outer_lr > 0, f"outer.outer_lr={self.outer_lr}: use a positive value (0.7 is standard)")
+        require(0 <= self.outer_momentum < 1, f"outer.outer_momentum={self.outer_momentum}: use [0, 1)")
+        require(self.gamma is None or self.gamma >= 0, f"outer.gamma={self.gamma}: use >= 0 or leave unset")
+        require(self.group_size >= 0 and self.group_size != 1, "outer.group_size: use 0 (all) or >= 2")
+        require(
+            self.mix2_group_size >= 0 and self.mix2_group_size != 1, "outer.mix2_group_size: use 0 or >= 2"
+        )
+        require(self.mix2_rounds >= 0, "outer.mix2_rounds must be >= 0 (0 skips Mix2)")
+        require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
+        require(
+            self.target_tokens_per_round >= 0,
+            f"outer.target_tokens_per_round={self.target_tokens_per_round}: use >= 0 (0 disables)",
+        )
+
+    @property
+    def effective_gamma(self) -> float:
+        return self.outer_lr if self.gamma is None else self.gamma
+
+    @classmethod
+    def for_method(cls, method: str, **overrides: Any) -> OuterConfig:
+        """The reference hyperparameters of `method`, with `overrides` on top (as the constructor)."""
+        return cls(method=method, **overrides)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: what to train, how each peer trains, how peers merge, exchange and find each other."""
+
+    seed: int = 0
+    """Run seed: initial weights, data order and groups derive from it (with peer id and round)."""
+    rounds: int = 8
+    """Outer rounds to train; the inner schedule spans rounds * num_inner_steps steps."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """[model]: the transformer's shape."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """[data]: corpus and batches."""
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    """[inner]: the local optimiser."""
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    """[outer]: the method and its knobs."""
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    """[exchange]: quorum, grace window, time limits and wire format of exchanges."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """[network]: heartbeat and state-download timing."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "")
+        require(self.rounds >= 1, f"rounds={self.rounds}: use at least 1")
+        micro = self.data.batch_size * self.model.seq_len
+        target = self.outer.target_tokens_per_round
+        require(
+            target == 0 or target >= self.outer.num_inner_steps * micro,
+            f"outer.target_tokens_per_round={target} is less than one micro-batch per inner step "
+            f"({self.outer.num_inner_steps} × {micro} tokens); raise it or set 0",
+        )
+
+    @property
+    def total_inner_steps(self) -> int:
+        return self.rounds * self.outer.num_inner_steps
+
+    def run_definition(self) -> dict[str, Any]:
+        """What every peer of one swarm must agree on (model shape, method, data, seed, work target)."""
+        definition = {
+            "model": dataclasses.asdict(self.model),
+            "method": self.outer.method,
+            "num_inner_steps": self.outer.num_inner_steps,
+            "corpus": self.data.corpus,
+            "val_fraction": self.data.val_fraction,
+            "seed": self.seed,
+        }
+        if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
+            definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
+        return definition
+
+    def run_id(self) -> str:
+        blob = json.dumps(self.run_definition(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

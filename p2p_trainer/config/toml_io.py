@@ -1,0 +1,113 @@
+"""Reading and writing run configs as TOML, and the packaged default run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from p2p_trainer.config.checks import ConfigError, require
+from p2p_trainer.config.run import OuterConfig, RunConfig
+from p2p_trainer.config.sections import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, NetworkConfig
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "inner": InnerConfig,
+    "outer": OuterConfig,
+    "exchange": ExchangeConfig,
+    "network": NetworkConfig,
+}
+"""RunConfig's tables, in the order `to_toml` writes them."""
+
+
+def config_from_dict(raw: dict[str, Any], where: str = "config") -> RunConfig:
+    """Build a RunConfig from nested dicts; unknown keys are errors naming the allowed ones."""
+    kwargs: dict[str, Any] = {}
+    top_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    for key, value in raw.items():
+        require(key in top_fields, f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(top_fields))}")
+        if key in SECTIONS:
+            require(isinstance(value, dict), f"{where}: [{key}] must be a table")
+            kwargs[key] = _section(SECTIONS[key], value, f"{where} [{key}]")
+        else:
+            kwargs[key] = value
+    try:
+        return RunConfig(**kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _section(cls: type, values: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    require(not unknown, f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(sorted(names))}")
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's tables, as a dict (ConfigError when missing or not TOML)."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def default_config_text() -> str:
+    """The default run's TOML, shipped as package data (the same in a checkout and an install)."""
+    return resources.files("p2p_trainer.config").joinpath("default.toml").read_text(encoding="utf-8")
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    method: str | None = None,
+    rounds: int | None = None,
+    seed: int | None = None,
+) -> RunConfig:
+    """The run in TOML file `path` (None: the packaged default run), with overrides on top.
+
+    The overrides go into the file's tables before the config is built, so `method` changes only
+    [outer] method: the file's other [outer] values stay, and the method's reference values fill
+    only the fields the file leaves unset (the same as writing `method = ...` in the file).
+    """
+    raw = tomllib.loads(default_config_text()) if path is None else read_toml(path)
+    outer = raw.setdefault("outer", {})
+    if method is not None and isinstance(outer, dict):
+        outer["method"] = method
+    if rounds is not None:
+        raw["rounds"] = rounds
+    if seed is not None:
+        raw["seed"] = seed
+    return config_from_dict(raw, where="default config" if path is None else str(path))
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, tuple | list):
+        return f"[{', '.join(_toml_value(v) for v in value)}]"
+    return repr(value)
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The config as TOML (flat tables, every field), so every peer process loads exactly this run."""
+    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
+    for name in SECTIONS:
+        lines.append(f"\n[{name}]")
+        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

@@ -48,7 +48,11 @@ BY_METHOD: Any = _MethodDefault()
 
 @dataclass(frozen=True)
 class OuterConfig:
-    """The outer method and its math knobs; unset knobs take the method's reference values."""
+    """The outer method and its math knobs; unset knobs take the method's reference values.
+
+    The constructor resolves them, so the instance holds plain values: `dataclasses.replace(cfg,
+    method=...)` keeps the old method's values; to switch methods and let the new one's defaults
+    fill what was not set, rebuild from the source (`load_config(path, method=...)`)."""
 
     method: Method = "factored"
     """One of: factored, noloco, diloco, data-parallel, independent."""

@@ -44,9 +44,9 @@ from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node
 from p2p_trainer.lab.chaos.report import peer_summary
 from p2p_trainer.lab.chaos.runner import run_scenario
 from p2p_trainer.lab.chaos.timeline import ChaosScenario, Event
+from p2p_trainer.round_log import RunLog, read_log
 from p2p_trainer.run.local_swarm import LocalOptions
 from p2p_trainer.train.checkpoint import atomic_write_text
-from p2p_trainer.train.metrics import read_records
 
 RECOVER_RATIO = 2.23
 
@@ -95,17 +95,12 @@ def kill_times(plan: Plan, horizon_s: float) -> list[tuple[float, int]]:
 
 
 # ----------------------------------------------------------------------------- metrics
-def _records(run_dir: Path, i: int) -> list[dict[str, Any]]:
-    return read_records(run_dir / f"peer{i}" / "metrics.jsonl")
+def _log(run_dir: Path, i: int) -> RunLog:
+    return read_log(run_dir / f"peer{i}" / "metrics.jsonl")
 
 
 def first_round_unix(run_dir: Path, peers: int) -> float:
-    return min(
-        r["unix_time"] - r["wall_s"]
-        for i in range(peers)
-        for r in _records(run_dir, i)
-        if r.get("kind") == "round"
-    )
+    return min(r.unix_time - r.wall_s for i in range(peers) for r in _log(run_dir, i).rounds)
 
 
 def useful_tokens(run_dir: Path, peers: int, t_start: float, window_s: float) -> int:
@@ -113,12 +108,12 @@ def useful_tokens(run_dir: Path, peers: int, t_start: float, window_s: float) ->
     total = 0
     for i in range(peers):
         kept: dict[int, int] = {}
-        for r in _records(run_dir, i):
-            if r.get("kind") != "round" or r["unix_time"] > t_start + window_s:
+        for r in _log(run_dir, i).rounds:
+            if r.unix_time > t_start + window_s:
                 continue
-            for rnd in [k for k in kept if k >= r["round"]]:  # a restart rolled these back
+            for rnd in [k for k in kept if k >= r.round]:  # a restart rolled these back
                 del kept[rnd]
-            kept[r["round"]] = int(r["round_tokens"])
+            kept[r.round] = r.round_tokens
         total += sum(kept.values())
     return total
 
@@ -126,10 +121,7 @@ def useful_tokens(run_dir: Path, peers: int, t_start: float, window_s: float) ->
 def compute_rate(run_dir: Path, peers: int) -> float:
     """Median tokens per second of inner steps over all rounds of all peers."""
     rates = [
-        r["round_tokens"] / r["compute_s"]
-        for i in range(peers)
-        for r in _records(run_dir, i)
-        if r.get("kind") == "round" and r["compute_s"] > 0
+        r.round_tokens / r.compute_s for i in range(peers) for r in _log(run_dir, i).rounds if r.compute_s > 0
     ]
     return statistics.median(rates)
 
@@ -138,9 +130,9 @@ def final_losses(run_dir: Path, peers: int, rounds: int) -> list[float]:
     """Validation loss of every peer that finished all `rounds` (the survivors at the end)."""
     out = []
     for i in range(peers):
-        finals = [r for r in _records(run_dir, i) if r.get("kind") == "final" and r["round"] >= rounds]
-        if finals and finals[-1]["val_loss"] is not None:
-            out.append(float(finals[-1]["val_loss"]))
+        finals = [f for f in _log(run_dir, i).finals if f.round >= rounds]
+        if finals and finals[-1].val_loss is not None:
+            out.append(finals[-1].val_loss)
     return out
 
 
@@ -158,7 +150,7 @@ def ours(plan: Plan, out: Path, kills: bool) -> dict[str, Any]:
     )
     report = run_scenario(scenario, out)
     t0 = first_round_unix(out, plan.peers)
-    ends = [r["unix_time"] for i in range(plan.peers) for r in _records(out, i) if r.get("kind") == "round"]
+    ends = [r.unix_time for i in range(plan.peers) for r in _log(out, i).rounds]
     window_s = max(ends) - t0
     return {
         "report": report,
@@ -211,7 +203,7 @@ def checkpoint_restart_diloco(plan: Plan, out: Path, window_s: float) -> dict[st
     restarts: list[dict[str, Any]] = []
     try:
         nodes = {i: swarm.start_peer(i, every) for i in range(plan.peers)}
-        while not any(r.get("kind") == "round" for i in range(plan.peers) for r in _records(out, i)):
+        while not any(_log(out, i).rounds for i in range(plan.peers)):
             time.sleep(0.1)
         t0_mono, t0 = time.monotonic(), first_round_unix(out, plan.peers)
         for at_s, peer in kill_times(plan, window_s):

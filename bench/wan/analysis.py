@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from p2p_trainer.config import RunConfig
+from p2p_trainer.round_log import RoundRecord, read_log
 from p2p_trainer.train.data import load_corpus, validation_batches
-from p2p_trainer.train.metrics import read_records
 from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import SnapshotInfo, list_snapshots, load_snapshot
 
@@ -132,7 +132,7 @@ def consensus_distance(anchors: list[list[torch.Tensor]]) -> float | None:
 
 
 def _peer_stats(
-    recs: list[dict[str, Any]],
+    all_rounds: list[RoundRecord],
     budget_s: float,
     peers: int,
     rate_mbit: float,
@@ -141,34 +141,33 @@ def _peer_stats(
 ) -> tuple[dict[str, Any], list[float], dict[str, list[float]]]:
     """Timing from the rounds that ended within the budget (a peer that outlived the others' budget
     waits out an exchange timeout: not a round of the method); bytes theory from every round."""
-    all_rounds = [r for r in recs if r.get("kind") == "round"]
-    rounds = [r for r in all_rounds if r["time_s"] <= budget_s]
-    compute, wall = sum(r["compute_s"] for r in rounds), sum(r["wall_s"] for r in rounds)
-    steps = rounds[-1]["step"] if rounds else 0
-    blocked = [r["blocked_s"] for r in rounds]
+    rounds = [r for r in all_rounds if r.time_s <= budget_s]
+    compute, wall = sum(r.compute_s for r in rounds), sum(r.wall_s for r in rounds)
+    steps = rounds[-1].step if rounds else 0
+    blocked = [r.blocked_s for r in rounds]
     ratios: dict[str, list[float]] = {}
     theory = theory_failed = 0.0
     groups: dict[str, list[int]] = {}
     for r in all_rounds:
-        for e in r["exchanges"]:
-            if e["ok"]:
-                groups.setdefault(e["tag"], []).append(e["group_size"] if e["group_size"] > 0 else peers)
+        for e in r.exchanges:
+            if e.ok:
+                groups.setdefault(e.tag, []).append(e.group_size if e.group_size > 0 else peers)
     for r in all_rounds:
-        for e in r["exchanges"]:
-            g = e["group_size"] if e["group_size"] > 0 else peers  # hivemind: all peers
-            if not e["ok"]:
+        for e in r.exchanges:
+            g = e.group_size if e.group_size > 0 else peers  # hivemind: all peers
+            if not e.ok:
                 # a failed exchange records a group of one, but moved (most of) its bytes first:
                 # charge it the tag's usual group
-                usual = groups.get(e["tag"])
+                usual = groups.get(e.tag)
                 theory_failed += pair_bytes(statistics.mode(usual), num_params, value_bytes) if usual else 0.0
                 continue
             if g < 2:
                 continue
             theory += pair_bytes(g, num_params, value_bytes)
-            if r in rounds:
+            if r.time_s <= budget_s:
                 bound = bound_s(g, num_params, rate_mbit, value_bytes)
-                ratios.setdefault(e["tag"], []).append(e["elapsed_s"] / bound)
-    exchanges = [e for r in rounds for e in r["exchanges"]]
+                ratios.setdefault(e.tag, []).append(e.elapsed_s / bound)
+    exchanges = [e for r in rounds for e in r.exchanges]
     stats = {
         "rounds": len(rounds),
         "steps": steps,
@@ -177,14 +176,14 @@ def _peer_stats(
         "step_compute_s": compute / steps if steps else None,
         "theory_bytes": theory,
         "theory_bytes_failed": theory_failed,
-        "failed_exchanges": sum(1 for e in exchanges if not e["ok"]),
+        "failed_exchanges": sum(1 for e in exchanges if not e.ok),
         "exchanges": len(exchanges),
     }
     return stats, blocked, ratios
 
 
 def group_transfer_ratios(
-    peers_recs: list[list[dict[str, Any]]],
+    peers_rounds: list[list[RoundRecord]],
     window_s: float,
     rate_mbit: float,
     num_params: int,
@@ -199,15 +198,14 @@ def group_transfer_ratios(
     (`started_unix`) under the group key they share. Exchanges that left a member out are skipped.
     """
     by_key: dict[str, list[tuple[str, int, float, float]]] = {}
-    for recs in peers_recs:
-        for r in recs:
-            if r.get("kind") != "round" or r["time_s"] > window_s:
+    for rounds in peers_rounds:
+        for r in rounds:
+            if r.time_s > window_s:
                 continue
-            for e in r["exchanges"]:
-                if e["ok"] and e.get("group") and e.get("started_unix"):
-                    start = e["started_unix"]
-                    by_key.setdefault(e["group"], []).append(
-                        (e["tag"], e["group_size"], start, start + e["elapsed_s"])
+            for e in r.exchanges:
+                if e.ok and e.group and e.started_unix:
+                    by_key.setdefault(e.group, []).append(
+                        (e.tag, e.group_size, e.started_unix, e.started_unix + e.elapsed_s)
                     )
     out: dict[str, list[float]] = {}
     for members in by_key.values():
@@ -229,11 +227,14 @@ def run_stats(
     value_bytes: int = 4,
 ) -> dict[str, Any]:
     """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus."""
-    per_peer, blocked, ratios, peers_recs = [], [], {}, []
+    per_peer: list[dict[str, Any]] = []
+    blocked: list[float] = []
+    ratios: dict[str, list[float]] = {}
+    peers_rounds: list[list[RoundRecord]] = []
     for i in range(peers):
-        recs = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
-        peers_recs.append(recs)
-        stats, b, r = _peer_stats(recs, budget_s, peers, rate_mbit, num_params, value_bytes)
+        rounds = read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds
+        peers_rounds.append(rounds)
+        stats, b, r = _peer_stats(rounds, budget_s, peers, rate_mbit, num_params, value_bytes)
         blocked += b
         for tag, v in r.items():
             ratios.setdefault(tag, []).extend(v)
@@ -247,7 +248,7 @@ def run_stats(
     payload = statistics.fmean(p["tx_payload_bytes"] for p in per_peer)
     theory_ok = statistics.fmean(p["theory_bytes"] for p in per_peer)
     theory = theory_ok + statistics.fmean(p["theory_bytes_failed"] for p in per_peer)
-    all_rounds = statistics.fmean(sum(1 for r in recs if r.get("kind") == "round") for recs in peers_recs)
+    all_rounds = statistics.fmean(len(rounds) for rounds in peers_rounds)
     return {
         "per_peer": per_peer,
         "rounds_min": rounds_done,
@@ -273,7 +274,7 @@ def run_stats(
         "transfer_time_vs_bound": {
             tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95), "n": len(v)}
             for tag, v in group_transfer_ratios(
-                peers_recs, budget_s, rate_mbit, num_params, value_bytes
+                peers_rounds, budget_s, rate_mbit, num_params, value_bytes
             ).items()
         },
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),

@@ -29,7 +29,7 @@ from typing import Any
 from bench.wan.analysis import pair_bytes, run_stats
 from bench.wan.runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_config
 from p2p_trainer.config import RunConfig
-from p2p_trainer.train.metrics import read_records
+from p2p_trainer.round_log import read_log
 
 logger = logging.getLogger("wan_bench")
 CALIBRATION = (
@@ -71,8 +71,8 @@ def round_jitter(run_dir: Path, peers: int) -> float:
     start-up, and a round cut by the budget)."""
     dev: list[float] = []
     for i in range(peers):
-        rounds = [r for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round"]
-        logs = [math.log(r["compute_s"]) for r in rounds[1:-1] if r["compute_s"] > 0]
+        rounds = read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds
+        logs = [math.log(r.compute_s) for r in rounds[1:-1] if r.compute_s > 0]
         if len(logs) > 1:
             mean = statistics.fmean(logs)
             dev += [x - mean for x in logs]

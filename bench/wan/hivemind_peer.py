@@ -15,7 +15,6 @@ snapshots, so wan_bench.py treats it like any other method. Bytes come from the 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import threading
@@ -27,7 +26,9 @@ import hivemind
 import torch
 
 from p2p_trainer.config import load_config
+from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 from p2p_trainer.train.data import TokenStream, load_corpus, validation_batches
+from p2p_trainer.train.metrics import MetricsWriter
 from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
 from p2p_trainer.train.trainer import lr_factor
@@ -123,11 +124,10 @@ def train(
     total_steps = cfg.rounds * cfg.outer.num_inner_steps
     started = time.monotonic()
     deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
-    metrics = open(run_dir / "metrics.jsonl", "a", buffering=1)
-    write = lambda rec: metrics.write(json.dumps(rec) + "\n")  # noqa: E731
-    write({"kind": "start", "peer": peer_key, "unix_time": time.time(), "method": "hivemind"})
+    metrics = MetricsWriter(run_dir / "metrics.jsonl")
+    metrics.write(StartRecord(peer_key, time.time(), method="hivemind"))
     params = [p for p in model.parameters() if p.requires_grad]
-    step = tokens = rounds = 0
+    step = tokens = round_start_tokens = rounds = 0
     epoch = opt.local_epoch
     t_round, compute_s, blocked_s, losses = time.monotonic(), 0.0, 0.0, []
     while step < total_steps and not stop.is_set() and time.monotonic() < deadline:
@@ -151,29 +151,25 @@ def train(
         if averaged:
             epoch, rounds = opt.local_epoch, rounds + 1
             now = time.monotonic()
-            write(
-                {
-                    "kind": "round", "peer": peer_key, "time_s": now - started, "unix_time": time.time(),
-                    "round": rounds - 1, "epoch": epoch, "step": step, "tokens": tokens,
-                    "train_loss": sum(losses) / len(losses), "val_loss": None,
-                    "compute_s": compute_s, "blocked_s": blocked_s, "wall_s": now - t_round,
-                    "bytes_sent": 0, "bytes_received": 0,
-                    "exchanges": [
-                        {"tag": "hivemind", "ok": True, "group_size": 0, "elapsed_s": round(t2 - t1, 4),
-                         "blocked_s": round(t2 - t1, 4), "reason": None}
-                    ],
-                }
+            # group_size 0: hivemind does not say who took part (the analysis counts all peers)
+            exchange = ExchangeRecord("hivemind", True, 0, t2 - t1, t2 - t1)
+            metrics.write(
+                RoundRecord(
+                    peer=peer_key, time_s=now - started, unix_time=time.time(), round=rounds - 1,
+                    step=step, tokens=tokens, train_loss=sum(losses) / len(losses), val_loss=None,
+                    compute_s=compute_s, blocked_s=blocked_s, wall_s=now - t_round,
+                    round_tokens=tokens - round_start_tokens, exchanges=(exchange,),
+                )
             )  # fmt: skip
             if args.snapshot_every and rounds % args.snapshot_every == 0:
                 save_snapshot(run_dir / "snapshots", params, rounds, step, tokens, now - started)
-            t_round, compute_s, blocked_s, losses = now, 0.0, 0.0, []
+            t_round, compute_s, blocked_s, losses, round_start_tokens = now, 0.0, 0.0, [], tokens
     save_snapshot(run_dir / "final", params, rounds, step, tokens, time.monotonic() - started)
-    write(
-        {
-            "kind": "final", "peer": peer_key, "round": rounds, "tokens": tokens, "step": step,
-            "val_loss": evaluate(model, val), "time_s": time.monotonic() - started, "stopped": stop.is_set(),
-            "unfinished_round": {"compute_s": compute_s, "blocked_s": blocked_s, "steps": len(losses)},
-        }
+    metrics.write(
+        FinalRecord(
+            peer=peer_key, round=rounds, tokens=tokens, val_loss=evaluate(model, val),
+            time_s=time.monotonic() - started, stopped=stop.is_set(), step=step,
+        )
     )  # fmt: skip
     metrics.close()
     return 0

@@ -20,6 +20,7 @@ from p2p_trainer.algo import outer
 from p2p_trainer.algo.grace import GraceTracker
 from p2p_trainer.config import OuterConfig
 from p2p_trainer.exchange.interface import ALL, Exchange, ExchangeRequest, ExchangeResult, Ok, PendingExchange
+from p2p_trainer.round_log import ExchangeRecord
 
 logger = logging.getLogger(__name__)
 
@@ -39,31 +40,9 @@ class OuterState:
 
 
 @dataclass
-class ExchangeRecord:
-    tag: str
-    ok: bool
-    group_size: int
-    elapsed_s: float
-    blocked_s: float
-    bytes_sent: int
-    bytes_received: int
-    reason: str = ""
-    left_out: tuple[str, ...] = ()
-    own_parts: int = 0
-    late_parts: int = 0
-    started_unix: float = 0.0
-    group: str = ""
-    """The exchange's group key: members' records of one exchange share it (benches line them up)."""
-
-    @property
-    def merged(self) -> bool:
-        """Did another peer's values reach this peer's result? A partial result (some parts kept
-        as own values, so group_size 1) did merge; a group of one or a failure did not."""
-        return self.ok and (self.group_size >= 2 or self.own_parts > 0)
-
-
-@dataclass
 class RoundReport:
+    """The exchanges of the round in progress, recorded as they finish (the round's record takes them)."""
+
     round: int
     exchanges: list[ExchangeRecord] = field(default_factory=list)
 
@@ -79,8 +58,8 @@ class RoundReport:
                 res.group_size,
                 res.elapsed_s,
                 blocked_s,
-                res.bytes_sent,
-                res.bytes_received,
+                bytes_sent=res.bytes_sent,
+                bytes_received=res.bytes_received,
                 left_out=res.left_out,
                 own_parts=res.own_parts,
                 late_parts=res.late_parts,
@@ -91,7 +70,7 @@ class RoundReport:
                 logger.info("round %d: %s left out %s", self.round, tag, ", ".join(res.left_out))
         else:
             logger.info("round %d: %s exchange failed (%s); keeping own tensors", self.round, tag, res.reason)
-            rec = ExchangeRecord(tag, False, 1, res.elapsed_s, blocked_s, 0, 0, res.reason)
+            rec = ExchangeRecord(tag, False, 1, res.elapsed_s, blocked_s, reason=res.reason)
         self.exchanges.append(rec)
         return res
 

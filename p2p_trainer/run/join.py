@@ -35,9 +35,10 @@ from p2p_trainer.net.state_sync import (
 from p2p_trainer.net.swarm_entry import join_swarm
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
+from p2p_trainer.round_log import FinalRecord, RejoinRecord, ResumeRecord, StartRecord, read_log
 from p2p_trainer.train.checkpoint import load_checkpoint, save_checkpoint
 from p2p_trainer.train.data import load_corpus
-from p2p_trainer.train.metrics import MetricsWriter, read_records, round_record
+from p2p_trainer.train.metrics import MetricsWriter, round_record
 from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
 from p2p_trainer.train.trainer import Peer, RoundMetrics, adopt_state
@@ -183,7 +184,7 @@ class Rejoin:
         self.lag_rounds, self.tokens_per_round = lag_rounds, tokens_per_round
         self.alone = 0
 
-    def after_round(self, m: RoundMetrics) -> dict[str, object] | None:
+    def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
         """Call after every round; returns a metrics record if the peer rejoined."""
         self.alone = alone_rounds(self.alone, m)
         if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
@@ -192,12 +193,9 @@ class Rejoin:
         if left is None:
             return None
         self.alone = 0
-        return {
-            "kind": "rejoin",
-            "from_round": left,
-            "to_round": self.peer.state.round,
-            "catch_up_steps": self.peer.skip_steps,
-        }
+        return RejoinRecord(
+            from_round=left, to_round=self.peer.state.round, catch_up_steps=self.peer.skip_steps
+        )
 
     def _rejoin(self) -> int | None:
         peer, now = self.peer, records.now()
@@ -284,7 +282,7 @@ def _skipped_s(peer: Peer) -> float:
 
 def _trained_before(metrics_path: Path) -> bool:
     """This run directory holds rounds of an earlier life of this peer: it is rejoining its swarm."""
-    return any(r.get("kind") == "round" for r in read_records(metrics_path))
+    return bool(read_log(metrics_path).rounds)
 
 
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
@@ -327,11 +325,11 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         server = StateServer(transport, run_id, on_serve=exchange.fault_hook)
         ckpt = opts.run_dir / "checkpoint.safetensors"
         started = time.monotonic()
-        metrics.write({"kind": "start", "peer": node.peer_id, "unix_time": time.time(), "run_id": run_id})
+        metrics.write(StartRecord(node.peer_id, time.time(), run_id, cfg.outer.method))
         if opts.resume and ckpt.exists():
             state_hash = load_checkpoint(peer, ckpt)
             logger.info("resumed round %d (state %s)", peer.state.round, state_hash[:12])
-            metrics.write({"kind": "resume", "round": peer.state.round, "state_hash": state_hash})
+            metrics.write(ResumeRecord(peer.state.round, state_hash))
             # a swarm restarted from checkpoints starts its next round together (blocking methods)
             view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
         elif not _late_join(
@@ -392,16 +390,16 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
                 save_checkpoint(peer, ckpt)
         final_hash = save_checkpoint(peer, ckpt)
         metrics.write(
-            {
-                "kind": "final",
-                "peer": node.peer_id,
-                "round": peer.state.round,
-                "tokens": peer.tokens,
-                "val_loss": peer.evaluate(peer.state.anchor),
-                "time_s": time.monotonic() - started,
-                "state_hash": final_hash,
-                "stopped": stop.is_set(),
-            }
+            FinalRecord(
+                peer=node.peer_id,
+                round=peer.state.round,
+                tokens=peer.tokens,
+                val_loss=peer.evaluate(peer.state.anchor),
+                time_s=time.monotonic() - started,
+                stopped=stop.is_set(),
+                state_hash=final_hash,
+                step=peer.step,
+            )
         )
         return 0
     finally:

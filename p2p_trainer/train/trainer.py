@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +45,12 @@ class RoundMetrics:
     wall_s: float
     report: RoundReport
     val_loss: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
+    round_tokens: int = 0
+    """Tokens of this round (§6: a constant-work round tops up when peers left)."""
+    live_peers: int = 1
+    """Training peers this one counted when it sized its share (itself included)."""
+    skipped_steps: int = 0
+    """Inner steps this round left out (the peer adopted a state mid-round)."""
 
 
 class Peer:
@@ -118,11 +123,9 @@ class Peer:
             blocked_s=report.blocked_s,
             wall_s=time.monotonic() - t_round,
             report=report,
-            extra={
-                "round_tokens": self.tokens - tokens_before,
-                "live_peers": self.work.live,
-                "skipped_steps": first,
-            },
+            round_tokens=self.tokens - tokens_before,
+            live_peers=self.work.live,
+            skipped_steps=first,
         )
         if (
             self.cfg.inner.eval_every

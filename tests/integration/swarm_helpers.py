@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
+from p2p_trainer.round_log import FinalRecord, RoundRecord, read_log
 from p2p_trainer.run.local_swarm import LocalOptions
-from p2p_trainer.train.metrics import read_records
 
 
 def tiny_config(method: str, rounds: int, h: int = 5, **outer: float) -> RunConfig:
@@ -82,14 +82,14 @@ def remaining(paths: set[str]) -> set[str]:
     return {p for p in paths if Path(p).exists()}
 
 
-def rounds_of(run_dir: Path, i: int) -> list[dict[str, object]]:
-    return [r for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round"]
+def rounds_of(run_dir: Path, i: int) -> list[RoundRecord]:
+    return read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds
 
 
-def final_of(run_dir: Path, i: int) -> dict[str, object] | None:
-    return next(
-        (r for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "final"), None
-    )
+def final_of(run_dir: Path, i: int) -> FinalRecord | None:
+    """Peer i's first final record (a peer that finished once never trains on)."""
+    finals = read_log(run_dir / f"peer{i}" / "metrics.jsonl").finals
+    return finals[0] if finals else None
 
 
 def wait_until(predicate: object, timeout_s: float, poll_s: float = 0.5) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from p2p_trainer.lab.chaos.runner import run_scenario
 from p2p_trainer.lab.chaos.timeline import load_chaos_scenario
-from p2p_trainer.train.metrics import read_records
+from p2p_trainer.round_log import read_log
 
 pytestmark = pytest.mark.timeout(300)
 SMOKE = Path(__file__).resolve().parents[2] / "bench" / "chaos" / "smoke.toml"
@@ -29,10 +29,9 @@ def test_smoke_scenario_kill_restart_stall_and_bootstrap_death(tmp_path: Path) -
     peers = {p["peer"]: p for p in report["per_peer"]}
     # the restarted peer came back under its identity and adopted the swarm's round
     assert peers["peer2"]["lives"] == 2
-    records2 = read_records(tmp_path / "peer2" / "metrics.jsonl")
-    second_life = max(i for i, r in enumerate(records2) if r.get("kind") == "start")
-    rounds_before = [r["round"] for r in records2[:second_life] if r.get("kind") == "round"]
-    rounds_after = [r["round"] for r in records2[second_life:] if r.get("kind") == "round"]
+    lives2 = read_log(tmp_path / "peer2" / "metrics.jsonl").lives()
+    rounds_before = [r.round for life in lives2[:-1] for r in life.rounds]
+    rounds_after = [r.round for r in lives2[-1].rounds]
     assert rounds_after and min(rounds_after) > max(rounds_before) + 1, "it did not adopt the swarm's round"
     # every peer kept training and stopped cleanly (a final record per life that ended with SIGINT)
     kill_bootstrap_at = events["kill_bootstrap bootstrap"]["at_s"]
@@ -41,10 +40,10 @@ def test_smoke_scenario_kill_restart_stall_and_bootstrap_death(tmp_path: Path) -
     # (peer1 is not checked here: after its stall it lags the others by rounds, and round-keyed groups
     # do not meet across rounds, so it may spend the rest of this short run in exchange timeouts)
     for i in (0, 2):
-        recs = [r for r in read_records(tmp_path / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round"]
+        recs = read_log(tmp_path / f"peer{i}" / "metrics.jsonl").rounds
         # unix time: a restarted peer's time_s starts again from its second life
-        t_first = recs[0]["unix_time"]
-        assert any(r["unix_time"] - t_first > kill_bootstrap_at + 2 for r in recs), (
+        t_first = recs[0].unix_time
+        assert any(r.unix_time - t_first > kill_bootstrap_at + 2 for r in recs), (
             "stopped after the bootstrap died"
         )
     # survivors were never blocked for longer than two exchange timeouts in a row

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from p2p_trainer.procs import Child, wait_all
 
 from p2p_trainer.config import RunConfig
 from p2p_trainer.lab.testbed.layout import TestbedConfig, uniform_hosts
@@ -23,9 +24,8 @@ from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, testbed_facto
 from p2p_trainer.lab.testbed.testbed import Testbed
 from p2p_trainer.net.identity import load_or_create_identity
 from p2p_trainer.net.state_sync import donor_order
-from p2p_trainer.procs import Child, wait_all
+from p2p_trainer.round_log import RoundRecord, read_log
 from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
-from p2p_trainer.train.metrics import read_records
 from tests.integration.swarm_helpers import (
     final_of,
     group_gone,
@@ -76,7 +76,7 @@ class Swarm:
         self.peers[i] = start_peer(self.opts, i, self.initial, threads=1, extra=extra)
         return self.peers[i]
 
-    def rounds(self, i: int) -> list[dict[str, Any]]:
+    def rounds(self, i: int) -> list[RoundRecord]:
         return rounds_of(self.run_dir, i)
 
     def close(self) -> None:
@@ -90,20 +90,19 @@ class Swarm:
         assert not left, f"socket files left behind: {left}"
 
 
-def _max_pause(rounds: list[dict[str, Any]]) -> float:
-    return max(float(r["blocked_s"]) for r in rounds)
+def _max_pause(rounds: list[RoundRecord]) -> float:
+    return max(r.blocked_s for r in rounds)
 
 
-def _merged(rounds: list[dict[str, Any]]) -> list[bool]:
+def _merged(rounds: list[RoundRecord]) -> list[bool]:
     """Per round: did every exchange merge with another peer, with no part kept as own values?"""
     return [
-        bool(r["exchanges"])
-        and all(e["ok"] and e["group_size"] >= 2 and e["own_parts"] == 0 for e in r["exchanges"])
+        bool(r.exchanges) and all(e.ok and e.group_size >= 2 and e.own_parts == 0 for e in r.exchanges)
         for r in rounds
     ]
 
 
-def _merged_share(rounds: list[dict[str, Any]]) -> float:
+def _merged_share(rounds: list[RoundRecord]) -> float:
     """Share of rounds that merged fully; not all of them do on a loaded 2-core machine, where a
     peer's inner steps are sometimes held back for longer than the grace window."""
     merged = _merged(rounds)
@@ -117,8 +116,8 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
         assert swarm.peers[i].proc.returncode == 0, f"{label}: peer{i} crashed"
         rounds = swarm.rounds(i)
         final = final_of(swarm.run_dir, i)
-        assert final is not None and final["round"] == len(rounds), f"{label}: peer{i} did not finish"
-        assert [r["round"] for r in rounds] == list(range(len(rounds))), f"{label}: peer{i} skipped rounds"
+        assert final is not None and final.round == len(rounds), f"{label}: peer{i} did not finish"
+        assert [r.round for r in rounds] == list(range(len(rounds))), f"{label}: peer{i} skipped rounds"
         pauses.append(_max_pause(rounds))
         # peers that stop by wall time stop a few rounds apart: judge the rounds before the last four
         share = _merged_share(rounds[-12:-4])
@@ -148,7 +147,7 @@ def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: s
         swarm.note_sockets()
         assert wait_until(lambda: not swarm.peers[2].alive(), 120), "the victim did not die"
         assert swarm.peers[2].proc.returncode == -signal.SIGKILL
-        assert swarm.rounds(2)[-1]["round"] == 3  # it died in round 4, before reporting it
+        assert swarm.rounds(2)[-1].round == 3  # it died in round 4, before reporting it
         _survivors_ok(swarm, [0, 1], f"SIGKILL during {phase} ({method})")
     finally:
         swarm.close()
@@ -202,7 +201,7 @@ def test_donor_killed_mid_transfer_joiner_fetches_from_another(tmp_path: Path) -
         )
         assert f"from {ids[other][-8:]}" in log, "the joiner did not adopt the other donor's state"
         rounds = swarm.rounds(2)
-        assert rounds and rounds[0]["round"] > 3, "the joiner did not start at the swarm's round"
+        assert rounds and rounds[0].round > 3, "the joiner did not start at the swarm's round"
         assert sum(_merged(rounds)) >= 3, "the joiner never merged with the survivor"
         _survivors_ok(swarm, [other], "SIGKILL of a donor halfway through serving its state")
     finally:
@@ -234,10 +233,9 @@ def test_stalled_peer_is_left_out_then_merges_again(tmp_path: Path) -> None:
         assert len(swarm.rounds(0)) > stalled_at + 3, "survivors did not keep training during the stall"
         _survivors_ok(swarm, [0, 1], "SIGSTOP for 12 s")
         assert wait_all([victim], 60) and victim.proc.returncode == 0
-        records = read_records(tmp_path / "peer2" / "metrics.jsonl")
-        assert any(r["kind"] == "rejoin" for r in records), "the stalled peer did not rejoin"
+        assert read_log(tmp_path / "peer2" / "metrics.jsonl").rejoins, "the stalled peer did not rejoin"
         assert _merged_share(swarm.rounds(2)[-8:]) >= 0.6, "the stalled peer does not merge again"
-        left_out = [r for r in swarm.rounds(0) if any(e["left_out"] for e in r["exchanges"])]
+        left_out = [r for r in swarm.rounds(0) if any(e.left_out for e in r.exchanges)]
         assert left_out, "the stalled peer was never left out"
     finally:
         swarm.close()
@@ -255,7 +253,7 @@ def test_bootstrap_death_does_not_stop_a_running_swarm(tmp_path: Path) -> None:
         os.killpg(swarm.boot.pid, signal.SIGKILL)
         killed_at = len(swarm.rounds(0))
         _survivors_ok(swarm, [0, 1, 2], "bootstrap SIGKILLed")
-        after = [r for r in swarm.rounds(0) if r["round"] >= killed_at]
+        after = [r for r in swarm.rounds(0) if r.round >= killed_at]
         assert after and _merged_share(after) >= 0.6, "rounds after the bootstrap's death did not merge"
     finally:
         swarm.close()
@@ -274,15 +272,16 @@ def test_sigterm_then_resume_continues_from_the_same_round(tmp_path: Path) -> No
         assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 0
         assert peer_sockets and not any(p.exists() for p in peer_sockets), "SIGTERM left sockets"
         final = final_of(tmp_path, 0)
-        assert final is not None and final["stopped"] is True
-        stopped_round, stopped_hash = final["round"], final["state_hash"]
+        assert final is not None and final.stopped is True
+        stopped_round, stopped_hash = final.round, final.state_hash
         assert stopped_round == len(swarm.rounds(0))
         swarm.start(0, ["--resume", "--wait-for-peers", "1"])
         assert wait_until(lambda: len(swarm.rounds(0)) >= stopped_round + 2, 120), "resume did not train"
-        records = read_records(tmp_path / "peer0" / "metrics.jsonl")
-        resume = [r for r in records if r["kind"] == "resume"]
-        assert resume and resume[0]["round"] == stopped_round and resume[0]["state_hash"] == stopped_hash
-        rounds_after = [r["round"] for r in records[records.index(resume[0]) :] if r["kind"] == "round"]
+        log = read_log(tmp_path / "peer0" / "metrics.jsonl")
+        resume = log.resumes
+        assert resume and resume[0].round == stopped_round and resume[0].state_hash == stopped_hash
+        after_resume = log.records[log.records.index(resume[0]) :]
+        rounds_after = [r.round for r in after_resume if isinstance(r, RoundRecord)]
         assert rounds_after[0] == stopped_round, rounds_after[:3]
     finally:
         swarm.close()
@@ -337,11 +336,11 @@ def test_partitioned_peer_is_left_out_then_merges_again(
         f"\nlink cut for 12 s: survivors' longest pause {max(pauses):.2f} s (bound {bound:.1f} s + {SLACK_S} s)"
     )
     assert max(pauses) < bound + SLACK_S, pauses
-    assert any(any(e["left_out"] for e in r["exchanges"]) for r in rounds_of(tmp_path, 0))
+    assert any(any(e.left_out for e in r.exchanges) for r in rounds_of(tmp_path, 0))
     # A peer cut off long enough races ahead alone and rejoins the majority's round by download; a
     # few rounds ahead, it is caught up by the others while its quorum waits run out. Either way
     # it must merge with them again:
-    rejoined = [r for r in read_records(tmp_path / "peer2" / "metrics.jsonl") if r["kind"] == "rejoin"]
+    rejoined = read_log(tmp_path / "peer2" / "metrics.jsonl").rejoins
     print(f"the cut-off peer rejoined by download: {rejoined}")
     for i in range(3):
         # the peers stop by wall time, a few rounds apart: judge the rounds before the last four

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from p2p_trainer.procs import Child, wait_all
+
 from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
 from p2p_trainer.train.checkpoint import read_anchor
 from tests.integration.swarm_helpers import (
@@ -49,9 +49,9 @@ def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str
     for i in range(3):
         rounds = rounds_of(tmp_path, i)
         assert len(rounds) == ROUNDS
-        assert rounds[-1]["train_loss"] < rounds[0]["train_loss"]  # type: ignore[operator]
-        assert all(e["ok"] and e["group_size"] == 3 for r in rounds for e in r["exchanges"])  # type: ignore[union-attr,index]
-        assert all(r["bytes_sent"] > 0 for r in rounds)  # type: ignore[operator]
+        assert rounds[-1].train_loss < rounds[0].train_loss
+        assert all(e.ok and e.group_size == 3 for r in rounds for e in r.exchanges)
+        assert all(r.bytes_sent > 0 for r in rounds)
     anchors = [read_anchor(tmp_path / f"peer{i}" / "checkpoint.safetensors") for i in range(3)]
     for other in anchors[1:]:
         for a, b in zip(anchors[0], other, strict=True):
@@ -81,14 +81,15 @@ def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
     finally:
         _stop_all(children)
     late = rounds_of(tmp_path, 3)
-    assert late and int(late[0]["round"]) >= 4, "the late peer did not adopt the swarm's round"  # type: ignore[call-overload]
+    assert late and late[0].round >= 4, "the late peer did not adopt the swarm's round"
     # it caught up with the round in progress (fewer tokens in its first round) and then mixes
     # with the others: its Mix1/Mix2 exchanges merged in most rounds
-    merged = [any(e["ok"] and e["group_size"] >= 2 for e in r["exchanges"]) for r in late]  # type: ignore[union-attr]
+    merged = [any(e.ok and e.group_size >= 2 for e in r.exchanges) for r in late]
     assert sum(merged) >= 0.6 * len(merged), f"the late peer merged in {sum(merged)} of {len(merged)} rounds"
     finals = [final_of(tmp_path, i) for i in range(4)]
     assert all(f is not None for f in finals)
-    losses = [float(f["val_loss"]) for f in finals if f is not None]  # type: ignore[arg-type]
+    losses = [f.val_loss for f in finals if f is not None and f.val_loss is not None]
+    assert len(losses) == 4, finals  # every final record carries the evaluated loss
     assert abs(losses[3] - sum(losses[:3]) / 3) < 0.1, losses
     for c in children:
         assert group_gone(c.pid)
@@ -129,7 +130,7 @@ def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(tmp_path: Path)
     finally:
         _stop_all(children)
     final = final_of(tmp_path, 0)
-    assert final is not None and final["stopped"] is True
+    assert final is not None and final.stopped is True
     assert (tmp_path / "peer0" / "checkpoint.safetensors").exists()
     for c in children:
         assert group_gone(c.pid)

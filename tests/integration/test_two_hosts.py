@@ -75,9 +75,7 @@ def test_training_works_across_two_namespaces(testbed_factory: TestbedFactory, t
         tb.kill(boot.pid)
     for i in range(3):
         rounds = rounds_of(tmp_path, i)
-        assert len(rounds) == 6 and all(
-            e["ok"] and e["group_size"] == 3 for r in rounds for e in r["exchanges"]
-        )  # type: ignore[union-attr,index]
+        assert len(rounds) == 6 and all(e.ok and e.group_size == 3 for r in rounds for e in r.exchanges)
         assert final_of(tmp_path, i) is not None
     # the peers in namespace b really talked across the link: b's interface carried the exchanges
-    assert tb.counters("b").tx_bytes > sum(int(r["bytes_sent"]) for r in rounds_of(tmp_path, 1))  # type: ignore[call-overload]
+    assert tb.counters("b").tx_bytes > sum(r.bytes_sent for r in rounds_of(tmp_path, 1))

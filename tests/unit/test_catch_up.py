@@ -53,9 +53,9 @@ def test_adopted_state_with_skipped_steps_runs_a_shorter_first_round_only() -> N
     adopt_state(joiner, donor.state, skip_steps=4)
     assert joiner.step == 2 * H + 4  # the schedule (learning rate) is where the donor's is
     first = joiner.run_round()
-    assert first.round == 2 and first.extra["round_tokens"] == (H - 4) * 2 * 16
+    assert first.round == 2 and first.round_tokens == (H - 4) * 2 * 16
     second = joiner.run_round()
-    assert second.extra["round_tokens"] == H * 2 * 16 and joiner.step == 4 * H
+    assert second.round_tokens == H * 2 * 16 and joiner.step == 4 * H
 
 
 def test_skip_steps_out_of_range_is_refused() -> None:

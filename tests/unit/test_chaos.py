@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from p2p_trainer.lab.chaos.timeline import ChaosScenarioError, chaos_scenario_fr
 from p2p_trainer.net.dht import left_by_dead_process
 from p2p_trainer.net.records import Liveness
 from p2p_trainer.net.state_sync import donor_order, first_download, heartbeat_lag_rounds
+from p2p_trainer.round_log import ExchangeRecord, LogRecord, RoundRecord, StartRecord
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "bench" / "chaos").glob("*.toml"))
 
@@ -97,25 +97,32 @@ def test_a_live_record_left_by_a_killed_process_on_this_host_is_stale() -> None:
     assert not left_by_dead_process(Liveness("p", "i", "live", host + "-elsewhere", gone.pid))
 
 
-def _write(path: Path, records: list[dict[str, object]]) -> None:
+def _write(path: Path, records: list[LogRecord]) -> None:
     path.parent.mkdir(parents=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    path.write_text("".join(r.to_json() + "\n" for r in records))
 
 
-def _round(rnd: int, t: float, tokens: int) -> dict[str, object]:
-    return {
-        "kind": "round",
-        "round": rnd,
-        "time_s": t,
-        "compute_s": 1.0,
-        "blocked_s": 0.5,
-        "round_tokens": tokens,
-        "exchanges": [{"ok": rnd != 1}],
-    }
+def _round(rnd: int, t: float, tokens: int) -> RoundRecord:
+    exchange = ExchangeRecord("noloco", ok=rnd != 1, group_size=2, elapsed_s=0.5, blocked_s=0.5)
+    return RoundRecord(
+        peer="p",
+        time_s=t,
+        unix_time=t,
+        round=rnd,
+        step=rnd,
+        tokens=tokens,
+        train_loss=1.0,
+        val_loss=None,
+        compute_s=1.0,
+        blocked_s=0.5,
+        wall_s=1.5,
+        round_tokens=tokens,
+        exchanges=(exchange,),
+    )
 
 
 def test_report_counts_lives_pauses_and_swarm_tokens_per_round(tmp_path: Path) -> None:
-    start = {"kind": "start"}
+    start = StartRecord("p", 0.0)
     _write(
         tmp_path / "peer0" / "metrics.jsonl",
         [start, _round(0, 1, 50), _round(1, 2, 50), _round(2, 6, 100), _round(3, 7, 100)],

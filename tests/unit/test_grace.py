@@ -85,7 +85,8 @@ def test_rejoin_target_is_the_majority_round() -> None:
 
 
 def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
-    from p2p_trainer.algo.methods import ExchangeRecord, RoundReport
+    from p2p_trainer.algo.methods import RoundReport
+    from p2p_trainer.round_log import ExchangeRecord
     from p2p_trainer.run.join import alone_rounds
     from p2p_trainer.train.trainer import RoundMetrics
 

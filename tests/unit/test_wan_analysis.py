@@ -19,6 +19,7 @@ from bench.wan.analysis import (
 )
 from bench.wan.runs import SwarmSpec, peer_budget_s, rounds_logged
 from bench.wan.targets import sanity, seed_comparison
+from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 
 
 def _curve(points: list[tuple[float, float, float]]) -> list[dict[str, float]]:
@@ -85,7 +86,8 @@ def test_a_diloco_run_extended_past_the_budget_is_compared_at_the_budget() -> No
 def test_rounds_logged_counts_round_records_only(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     assert rounds_logged(metrics) == 0  # not written yet
-    metrics.write_text('{"kind": "round", "round": 0}\n{"kind": "eval"}\n{"kind": "round", "round": 1}\n')
+    lines = [StartRecord("p", 0.0), _round(0, 1.0), _round(1, 2.0), FinalRecord("p", 2, 0, None, 2.0, False)]
+    metrics.write_text("".join(r.to_json() + "\n" for r in lines))
     assert rounds_logged(metrics) == 2
     spec = SwarmSpec(4, 10.0, 0.45, 100.0)
     assert peer_budget_s(spec) == 100.0
@@ -93,13 +95,17 @@ def test_rounds_logged_counts_round_records_only(tmp_path: Path) -> None:
     assert peer_budget_s(dataclasses.replace(spec, min_rounds=30, max_budget_s=400.0)) == 400.0
 
 
+def _round(rnd: int, t: float, exchanges: tuple[ExchangeRecord, ...] = ()) -> RoundRecord:
+    return RoundRecord("p", t, t, rnd, rnd, 0, 1.0, None, 1.0, 0.0, 1.0, exchanges=exchanges)
+
+
 def test_group_transfer_is_timed_from_the_last_members_start() -> None:
-    def rnd(t: float, *exchanges: tuple[str, str, int, float, float, bool]) -> dict[str, object]:
-        ex = [
-            {"tag": tag, "group": key, "group_size": g, "started_unix": start, "elapsed_s": el, "ok": ok}
+    def rnd(t: float, *exchanges: tuple[str, str, int, float, float, bool]) -> RoundRecord:
+        ex = tuple(
+            ExchangeRecord(tag, ok, g, elapsed_s=el, blocked_s=0.0, started_unix=start, group=key)
             for tag, key, g, start, el, ok in exchanges
-        ]
-        return {"kind": "round", "time_s": t, "exchanges": ex}
+        )
+        return _round(0, t, ex)
 
     bound = pair_bytes(2, 1000) * 8 / 1e6  # 1 Mbit/s: 0.032 s
     peers = [

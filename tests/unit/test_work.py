@@ -75,7 +75,7 @@ def test_swarm_tokens_per_round_stay_at_the_target_as_peers_leave() -> None:
         if rnd in (2, 4):
             live.pop()  # the last peer "dies" before this round
         members = [p for p in peers if p.work.me in live]
-        per_round.append(sum(int(p.run_round().extra["round_tokens"]) for p in members))
+        per_round.append(sum(p.run_round().round_tokens for p in members))
     assert all(abs(t - target) / target <= 0.05 for t in per_round), (per_round, target)
     assert per_round == [target] * cfg.rounds
     assert target == 16 * micro_batch_tokens(cfg)

@@ -15,7 +15,7 @@ from typing import Any
 
 from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node
 from p2p_trainer.lab.chaos.timeline import Event
-from p2p_trainer.train.metrics import read_records
+from p2p_trainer.round_log import RoundRecord, read_log
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,23 @@ class Applied:
         return asdict(self)
 
 
-def _round_records(run_dir: Path, i: int) -> list[dict[str, Any]]:
-    return [r for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl") if r.get("kind") == "round"]
+_ROUNDS_READ: dict[Path, tuple[tuple[int, int], list[RoundRecord]]] = {}
+"""Per metrics file: its (size, mtime) when last parsed, and its round records then."""
+
+
+def _round_records(run_dir: Path, i: int) -> list[RoundRecord]:
+    """Peer i's round records; the file is parsed again only once it changed (phase waits poll it
+    every 20 ms, and parsing a long run's file that often would take CPU from the peers)."""
+    path = run_dir / f"peer{i}" / "metrics.jsonl"
+    try:
+        st = path.stat()
+        stamp = (st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        stamp = (0, 0)
+    cached = _ROUNDS_READ.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = _ROUNDS_READ[path] = (stamp, read_log(path).rounds)
+    return cached[1]
 
 
 class Injector:
@@ -155,11 +170,11 @@ class Injector:
                 last = recs[-1]
                 offset = {
                     "mix1": 0.05,
-                    "inner": 0.5 * last["compute_s"],
-                    "blocking": last["compute_s"] + 0.3 * max(0.05, last["blocked_s"]),
+                    "inner": 0.5 * last.compute_s,
+                    "blocking": last.compute_s + 0.3 * max(0.05, last.blocked_s),
                 }[event.phase]
                 time.sleep(offset)
-                return True, f"{offset:.2f} s into round {last['round'] + 1}"
+                return True, f"{offset:.2f} s into round {last.round + 1}"
             time.sleep(0.02)
         return False, "no new round within the phase timeout"
 

@@ -11,42 +11,31 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from p2p_trainer.train.metrics import read_records
-
-
-def _lives(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    lives: list[list[dict[str, Any]]] = []
-    for r in records:
-        if r.get("kind") == "start" or not lives:
-            lives.append([])
-        lives[-1].append(r)
-    return lives
+from p2p_trainer.round_log import read_log
 
 
 def peer_summary(run_dir: Path, i: int) -> dict[str, Any]:
-    records = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
-    lives = _lives(records)
-    rounds = [r for r in records if r.get("kind") == "round"]
-    finals = [r for r in records if r.get("kind") == "final"]
-    exchanges = [e for r in rounds for e in r["exchanges"]]
+    log = read_log(run_dir / f"peer{i}" / "metrics.jsonl")
+    lives = log.lives()
+    rounds, final = log.rounds, log.final
+    exchanges = [e for r in rounds for e in r.exchanges]
     longest_pause_s = 0.0
     for life in lives:
-        life_rounds = [r for r in life if r.get("kind") == "round"]
-        for prev, cur in itertools.pairwise(life_rounds):
-            gap = cur["time_s"] - prev["time_s"] - cur["compute_s"]
+        for prev, cur in itertools.pairwise(life.rounds):
+            gap = cur.time_s - prev.time_s - cur.compute_s
             longest_pause_s = max(longest_pause_s, gap)
     return {
         "peer": f"peer{i}",
-        "lives": sum(1 for life in lives if life and life[0].get("kind") == "start"),
+        "lives": sum(1 for life in lives if life.starts),
         "rounds_done": len(rounds),
-        "last_round": rounds[-1]["round"] if rounds else None,
-        "tokens": sum(int(r.get("round_tokens", 0)) for r in rounds),
+        "last_round": rounds[-1].round if rounds else None,
+        "tokens": sum(r.round_tokens for r in rounds),
         "exchanges": len(exchanges),
-        "failed_exchanges": sum(1 for e in exchanges if not e["ok"]),
-        "max_blocked_s": max((r["blocked_s"] for r in rounds), default=0.0),
+        "failed_exchanges": sum(1 for e in exchanges if not e.ok),
+        "max_blocked_s": max((r.blocked_s for r in rounds), default=0.0),
         "longest_pause_s": longest_pause_s,
-        "final_val_loss": finals[-1]["val_loss"] if finals else None,
-        "final_round": finals[-1]["round"] if finals else None,
+        "final_val_loss": final.val_loss if final else None,
+        "final_round": final.round if final else None,
     }
 
 
@@ -58,12 +47,11 @@ def tokens_per_round(run_dir: Path, peers: int, target: int) -> dict[str, Any]:
     by_round: dict[int, dict[int, int]] = {}
     last_round: list[int] = []
     for i in range(peers):
-        records = read_records(run_dir / f"peer{i}" / "metrics.jsonl")
-        rounds = [r for r in records if r.get("kind") == "round"]
+        rounds = read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds
         for r in rounds:
-            by_round.setdefault(r["round"], {})[i] = int(r.get("round_tokens", 0))
+            by_round.setdefault(r.round, {})[i] = r.round_tokens
         if rounds:
-            last_round.append(rounds[-1]["round"])
+            last_round.append(rounds[-1].round)
     if not by_round or not target:
         return {"target": target, "rounds": {}}
     complete_until = min(last_round)

@@ -22,26 +22,23 @@ from p2p_trainer.lab.chaos.injector import Injector
 from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node, TestbedChaosSwarm
 from p2p_trainer.lab.chaos.report import peer_summary, tokens_per_round
 from p2p_trainer.lab.chaos.timeline import ChaosScenario
+from p2p_trainer.round_log import read_log
 from p2p_trainer.run.local_swarm import LocalOptions
 from p2p_trainer.train.checkpoint import atomic_write_text
-from p2p_trainer.train.metrics import read_records
 
 logger = logging.getLogger(__name__)
 
 
 def _first_round_seen(run_dir: Path, peers: int) -> bool:
-    return any(
-        any(r.get("kind") == "round" for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl"))
-        for i in range(peers)
-    )
+    return any(read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds for i in range(peers))
 
 
 def _someone_finished(run_dir: Path, peers: int, rounds: int) -> bool:
     """A peer finished all rounds: the run is over (a peer restarted now would find no donor)."""
     return any(
-        r.get("kind") == "final" and r["round"] >= rounds
+        f.round >= rounds
         for i in range(peers)
-        for r in read_records(run_dir / f"peer{i}" / "metrics.jsonl")
+        for f in read_log(run_dir / f"peer{i}" / "metrics.jsonl").finals
     )
 
 

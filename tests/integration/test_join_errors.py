@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from p2p_trainer.config import to_toml
-from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
-from tests.integration.swarm_helpers import local_options, rounds_of, tiny_config, wait_until
+from tests.conftest import SwarmFactory, rounds_of, tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 GOOD_ADDR = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWBvkcNXCzZ17A1jo7mF9HtcCZwcPsptQscTUsBqapibya"
@@ -67,17 +66,15 @@ def test_bad_config_file(tmp_path: Path) -> None:
     assert res.returncode != 0 and "choose one of" in res.stderr
 
 
-def test_mismatched_run_definition_names_the_fields(tmp_path: Path) -> None:
-    opts = local_options(tmp_path, tiny_config("factored", rounds=100_000), peers=1)
-    boot, initial = start_bootstrap(tmp_path, 60)
-    children = [boot]
+def test_mismatched_run_definition_names_the_fields(local_swarm: SwarmFactory, tmp_path: Path) -> None:
+    swarm = local_swarm(tiny_config("factored", rounds=100_000), 1)
+    initial = swarm.initial_peers
     try:
-        children.append(start_peer(opts, 0, initial, threads=1))
+        swarm.start_peer(0)
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180)
         other = tmp_path / "other.toml"
         other.write_text(to_toml(tiny_config("factored", rounds=3)).replace("seed = 0", "seed = 7"))
         res = _join(tmp_path, "--config", str(other), *initial.split(), "--identity", str(tmp_path / "o.key"))
         assert res.returncode != 0 and "seed" in res.stderr and "7" in res.stderr, res.stderr[-1500:]
     finally:
-        for c in children:
-            c.stop(timeout_s=30)
+        swarm.stop(peer_timeout_s=30, boot_timeout_s=30)

@@ -1,7 +1,7 @@
 """Resilience with real processes: killed, stalled and cut-off peers, a dead bootstrap, SIGTERM+resume.
 
 Every survivor must finish its rounds, and its longest pause (a round's `blocked_s`) must stay
-below the configured bound `outer.pause_bound_s` (quorum wait + 3 grace windows, here 4 + 3·2 s),
+below the configured bound `exchange.pause_bound_s` (quorum wait + 3 grace windows, here 4 + 3·2 s),
 far below the 60 s exchange timeout. The measured pauses are printed (run with `-s`).
 """
 
@@ -10,33 +10,29 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from p2p_trainer.procs import Child, wait_all
 
 from p2p_trainer.config import RunConfig
 from p2p_trainer.lab.testbed.layout import TestbedConfig, uniform_hosts
-from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, testbed_factory
 from p2p_trainer.lab.testbed.testbed import Testbed
 from p2p_trainer.net.identity import load_or_create_identity
 from p2p_trainer.net.state_sync import donor_order
+from p2p_trainer.processes import Child, group_gone, wait_all
 from p2p_trainer.round_log import RoundRecord, read_log
-from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
-from tests.integration.swarm_helpers import (
-    final_of,
-    group_gone,
+from p2p_trainer.run.launcher import (
+    JoinArgs,
+    LocalSwarm,
+    bootstrap_argv,
+    join_argv,
     local_options,
-    node_sockets,
-    rounds_of,
-    tiny_config,
-    wait_until,
+    read_initial_peers,
 )
+from tests.conftest import TestbedFactory, final_of, held_sockets, rounds_of, tiny_config, wait_until
 
-__all__ = ["testbed_factory"]  # the imported fixture is used by name
 pytestmark = pytest.mark.timeout(180)
 SLACK_S = 1.0
 """Scheduling noise on a shared 2-core machine, on top of the bound."""
@@ -52,37 +48,33 @@ def _config(method: str, rounds: int, h: int = 20) -> RunConfig:
     return tiny_config(method, rounds=rounds, h=h, **RESILIENT)
 
 
-class Swarm:
-    """A bootstrap node and `n` peers of one run in `run_dir`; everything stopped and reaped at exit."""
+class Swarm(LocalSwarm):
+    """A bootstrap node and `n` peers of one run in `run_dir`; `close` stops and reaps everything and
+    checks that nothing was left."""
 
     def __init__(
         self, run_dir: Path, cfg: RunConfig, n: int, extra: dict[int, list[str]] | None = None
     ) -> None:
+        super().__init__(local_options(run_dir, cfg, peers=n))
         self.run_dir, self.cfg, self.n = run_dir, cfg, n
-        self.opts = local_options(run_dir, cfg, peers=n)
-        self.boot, self.initial = start_bootstrap(run_dir, 60)
-        self.peers: dict[int, Child] = {}
         self.sockets: set[Path] = set()
+        self.boot: Child = self.start_bootstrap()
         self.note_sockets()
         for i in range(n):
             self.start(i, (extra or {}).get(i, []))
 
     def note_sockets(self) -> None:
-        """Remember the p2pd socket files of this swarm's running nodes (checked at close)."""
-        for key in (self.run_dir / "keys").glob("*.key"):
-            self.sockets |= node_sockets(key)
+        """Remember the hivemind socket files of this swarm's running nodes (checked at close)."""
+        self.sockets |= held_sockets([c.pid for c in self.started])
 
     def start(self, i: int, extra: list[str]) -> Child:
-        self.peers[i] = start_peer(self.opts, i, self.initial, threads=1, extra=extra)
-        return self.peers[i]
+        return self.start_peer(i, extra)
 
     def rounds(self, i: int) -> list[RoundRecord]:
         return rounds_of(self.run_dir, i)
 
     def close(self) -> None:
-        for c in self.peers.values():
-            c.stop(timeout_s=20)
-        self.boot.stop(timeout_s=15)
+        self.stop(peer_timeout_s=20, boot_timeout_s=15)
         for c in [*self.peers.values(), self.boot]:
             assert group_gone(c.pid), f"{c.name}'s processes survived"
         assert self.sockets, "no p2pd socket was noted"
@@ -122,7 +114,7 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
         # peers that stop by wall time stop a few rounds apart: judge the rounds before the last four
         share = _merged_share(rounds[-12:-4])
         assert share >= 0.6, f"{label}: peer{i} merges with the others in only {share:.0%} of the last rounds"
-    bound = swarm.cfg.outer.pause_bound_s
+    bound = swarm.cfg.exchange.pause_bound_s
     after_start = max(_max_pause(swarm.rounds(i)[1:]) for i in survivors)  # round 0 absorbs start-up skew
     print(
         f"\n{label}: survivors' longest pause {max(pauses):.2f} s, {after_start:.2f} s after round 0"
@@ -136,11 +128,11 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
 
 
 @pytest.mark.parametrize(
-    ("phase", "method"), [("inner", "diloco"), ("mix1", "factored"), ("exchange", "diloco")]
+    ("phase", "method"), [("inner", "diloco"), ("mix1", "factored"), ("blocking", "diloco")]
 )
 def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: str, method: str) -> None:
-    cfg = _config(method, rounds=100_000)  # every peer stops after --max-minutes instead
-    limit = ["--max-minutes", "0.6"]  # long enough to see the dead peer leave the groups (TTL 8 s)
+    cfg = _config(method, rounds=100_000)  # every peer stops after --minutes instead
+    limit = ["--minutes", "0.6"]  # long enough to see the dead peer leave the groups (TTL 8 s)
     swarm = Swarm(tmp_path, cfg, 3, extra={0: limit, 1: limit, 2: [*limit, "--kill-self-at", f"{phase}:4"]})
     try:
         assert wait_until(lambda: len(swarm.rounds(2)) >= 1, 120), "the swarm did not get going"
@@ -154,8 +146,8 @@ def test_peer_killed_at_a_phase_does_not_stop_survivors(tmp_path: Path, phase: s
 
 
 def test_joiner_killed_during_state_download_does_not_stop_survivors(tmp_path: Path) -> None:
-    cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
-    limit = ["--max-minutes", "0.6"]
+    cfg = _config("diloco", rounds=100_000)  # every peer stops after --minutes instead
+    limit = ["--minutes", "0.6"]
     swarm = Swarm(tmp_path, cfg, 2, extra={0: limit, 1: limit})
     try:
         assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the swarm did not get going"
@@ -177,10 +169,10 @@ def test_donor_killed_mid_transfer_joiner_fetches_from_another(tmp_path: Path) -
     ids = [load_or_create_identity(tmp_path / "keys" / f"peer{i}.key").peer_id for i in range(3)]
     first = ids.index(donor_order(ids[2], [(ids[0], 5), (ids[1], 5)])[0])
     other = 1 - first
-    cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
-    limit = ["--max-minutes", "0.8"]
+    cfg = _config("diloco", rounds=100_000)  # every peer stops after --minutes instead
+    limit = ["--minutes", "0.8"]
     # the doomed donor has time enough to be asked however slow the machine; it dies serving anyway
-    doomed = ["--max-minutes", "4", "--kill-self-at", "serve:1"]
+    doomed = ["--minutes", "4", "--kill-self-at", "serve:1"]
     swarm = Swarm(tmp_path, cfg, 2, extra={first: doomed, other: limit})
     try:
         assert wait_until(lambda: all(len(swarm.rounds(i)) >= 3 for i in (0, 1)), 120), "no start"
@@ -268,7 +260,7 @@ def test_sigterm_then_resume_continues_from_the_same_round(tmp_path: Path) -> No
     try:
         assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the peer did not start training"
         swarm.note_sockets()
-        peer_sockets = node_sockets(tmp_path / "keys" / "peer0.key")
+        peer_sockets = held_sockets([swarm.peers[0].pid])
         assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 0
         assert peer_sockets and not any(p.exists() for p in peer_sockets), "SIGTERM left sockets"
         final = final_of(tmp_path, 0)
@@ -297,7 +289,7 @@ def _in_host(tb: Testbed, host: str, argv: list[str], log: Path, stdout: int | N
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
     with open(log, "ab") as err:
-        return tb.run(host, [sys.executable, "-m", "p2p_trainer", *argv], env=env, stdout=stdout, stderr=err)
+        return tb.run(host, argv, env=env, stdout=stdout, stderr=err)
 
 
 @pytest.mark.timeout(300)
@@ -306,20 +298,25 @@ def test_partitioned_peer_is_left_out_then_merges_again(
 ) -> None:
     """Skipped (by the fixture, with the reason) where network namespaces are unavailable (not root)."""
     tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(4, rate_mbit=None, cpu_cores=None)))
-    cfg = _config("diloco", rounds=100_000)  # every peer stops after --max-minutes instead
+    cfg = _config("diloco", rounds=100_000)  # every peer stops after --minutes instead
     opts = local_options(tmp_path, cfg, peers=3)
-    boot_argv = ["bootstrap", "--host", tb.address("h0"), "--port", str(PORT)]
-    boot_argv += ["--identity", str(tmp_path / "keys" / "bootstrap.key")]
+    boot_argv = bootstrap_argv(tmp_path / "keys" / "bootstrap.key", tb.address("h0"), port=PORT)
     boot = _in_host(tb, "h0", boot_argv, tmp_path / "bootstrap.log", stdout=subprocess.PIPE)
-    initial = boot.stdout.readline().decode().split()
+    initial = read_initial_peers(boot, tmp_path / "bootstrap.log", 60).split()
     assert initial and initial[0] == "--initial-peers", initial
     peers = []
     for i in range(3):
-        argv = ["join", "--config", str(opts.config_path), *initial, "--port", str(PORT)]
-        argv += ["--identity", str(tmp_path / "keys" / f"peer{i}.key"), "--host", tb.address(f"h{i + 1}")]
-        argv += ["--run-dir", str(tmp_path / f"peer{i}"), "--wait-for-peers", "3", "--torch-threads", "1"]
-        argv += ["--max-minutes", "0.7"]
-        peers.append(_in_host(tb, f"h{i + 1}", argv, tmp_path / f"peer{i}" / "log.txt"))
+        args = JoinArgs(
+            config_path=opts.config_path,
+            identity=tmp_path / "keys" / f"peer{i}.key",
+            run_dir=tmp_path / f"peer{i}",
+            host=tb.address(f"h{i + 1}"),
+            wait_for_peers=3,
+            extra=("--port", str(PORT), "--minutes", "0.7"),
+        )
+        peers.append(
+            _in_host(tb, f"h{i + 1}", join_argv(args, " ".join(initial)), tmp_path / f"peer{i}" / "log.txt")
+        )
     assert wait_until(lambda: len(rounds_of(tmp_path, 2)) >= 3, 120), "the swarm did not get going"
     tb.cut("h3")  # peer2 loses its link: packets are dropped silently
     cut_at = len(rounds_of(tmp_path, 0))
@@ -331,7 +328,7 @@ def test_partitioned_peer_is_left_out_then_merges_again(
         time.sleep(0.5)
     assert all(p.returncode == 0 for p in peers), [p.returncode for p in peers]
     pauses = [_max_pause(rounds_of(tmp_path, i)) for i in (0, 1)]
-    bound = cfg.outer.pause_bound_s
+    bound = cfg.exchange.pause_bound_s
     print(
         f"\nlink cut for 12 s: survivors' longest pause {max(pauses):.2f} s (bound {bound:.1f} s + {SLACK_S} s)"
     )

@@ -8,44 +8,31 @@ from pathlib import Path
 
 import pytest
 import torch
-from p2p_trainer.procs import Child, wait_all
 
-from p2p_trainer.run.local_swarm import start_bootstrap, start_peer
+from p2p_trainer.processes import group_gone, wait_all
 from p2p_trainer.train.checkpoint import read_anchor
-from tests.integration.swarm_helpers import (
-    final_of,
-    group_gone,
-    held_sockets,
-    local_options,
-    remaining,
-    rounds_of,
-    tiny_config,
-    wait_until,
-)
+from tests.conftest import SwarmFactory, final_of, held_sockets, remaining, rounds_of, tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 ROUNDS = 6
 
 
-def _stop_all(children: list[Child]) -> None:
-    for c in children:
-        c.stop(timeout_s=20)
-
-
 @pytest.mark.parametrize("method", ["diloco"])
-def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str) -> None:
+def test_blocking_all_peer_rounds_make_members_equal(
+    local_swarm: SwarmFactory, tmp_path: Path, method: str
+) -> None:
     # full quorum: exact equality of the members needs every contribution in every round (§4)
-    opts = local_options(tmp_path, tiny_config(method, rounds=ROUNDS, quorum_fraction=1.0), peers=3)
-    boot, initial = start_bootstrap(tmp_path, 60)
-    children = [boot]
+    swarm = local_swarm(tiny_config(method, rounds=ROUNDS, quorum_fraction=1.0), 3)
+    assert swarm.boot is not None
+    children = [swarm.boot]
     try:
-        children += [start_peer(opts, i, initial, threads=1) for i in range(3)]
+        children += [swarm.start_peer(i) for i in range(3)]
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180)
         held = held_sockets([c.pid for c in children])
         assert wait_all(children[1:], timeout_s=240), "peers did not finish their rounds"
         assert all(c.proc.returncode == 0 for c in children[1:])
     finally:
-        _stop_all(children)
+        swarm.stop(peer_timeout_s=20, boot_timeout_s=20)
     for i in range(3):
         rounds = rounds_of(tmp_path, i)
         assert len(rounds) == ROUNDS
@@ -61,25 +48,24 @@ def test_blocking_all_peer_rounds_make_members_equal(tmp_path: Path, method: str
     assert held and not remaining(held), f"left socket files: {remaining(held)}"
 
 
-def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
+def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, tmp_path: Path) -> None:
     # Stopped by time, not rounds: tiny rounds take ~0.1 s on an idle machine, so a fixed round count
     # can be over before the late joiner's node is up.
-    cfg = tiny_config("factored", rounds=100_000)
-    opts = local_options(tmp_path, cfg, peers=3)
-    boot, initial = start_bootstrap(tmp_path, 60)
-    children = [boot]
+    swarm = local_swarm(tiny_config("factored", rounds=100_000), 3)
+    assert swarm.boot is not None
+    children = [swarm.boot]
     try:
-        limit = ["--max-minutes", "0.75"]
-        children += [start_peer(opts, i, initial, threads=1, extra=limit) for i in range(3)]
+        limit = ["--minutes", "0.75"]
+        children += [swarm.start_peer(i, limit) for i in range(3)]
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 4, 180), "the swarm did not get going"
-        late_limit = ["--max-minutes", "0.4", "--wait-for-peers", "1"]  # ends before the others do
-        children.append(start_peer(opts, 3, initial, threads=1, extra=late_limit))
+        late_limit = ["--minutes", "0.4", "--wait-for-peers", "1"]  # ends before the others do
+        children.append(swarm.start_peer(3, late_limit))
         assert wait_until(lambda: len(rounds_of(tmp_path, 3)) >= 1, 180)
         held = held_sockets([c.pid for c in children])
         assert wait_all(children[1:], timeout_s=240)
         assert all(c.proc.returncode == 0 for c in children[1:])
     finally:
-        _stop_all(children)
+        swarm.stop(peer_timeout_s=20, boot_timeout_s=20)
     late = rounds_of(tmp_path, 3)
     assert late and late[0].round >= 4, "the late peer did not adopt the swarm's round"
     # it caught up with the round in progress (fewer tokens in its first round) and then mixes
@@ -96,12 +82,14 @@ def test_late_joiner_downloads_state_and_catches_up(tmp_path: Path) -> None:
     assert held and not remaining(held)
 
 
-def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(tmp_path: Path) -> None:
-    opts = local_options(tmp_path, tiny_config("factored", rounds=100_000), peers=1)
-    boot, initial = start_bootstrap(tmp_path, 60)
-    children = [boot]
+def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(
+    local_swarm: SwarmFactory, tmp_path: Path
+) -> None:
+    swarm = local_swarm(tiny_config("factored", rounds=100_000), 1)
+    assert swarm.boot is not None
+    opts, initial, children = swarm.opts, swarm.initial_peers, [swarm.boot]
     try:
-        children.append(start_peer(opts, 0, initial, threads=1))
+        children.append(swarm.start_peer(0))
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180), "peer0 did not start training"
         held = held_sockets([c.pid for c in children])
         dup = subprocess.run(
@@ -128,7 +116,7 @@ def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(tmp_path: Path)
         assert children[1].alive(), "the original must keep running"
         assert children[1].stop(timeout_s=60) == 0  # SIGINT: checkpoint, final record, clean exit
     finally:
-        _stop_all(children)
+        swarm.stop(peer_timeout_s=20, boot_timeout_s=20)
     final = final_of(tmp_path, 0)
     assert final is not None and final.stopped is True
     assert (tmp_path / "peer0" / "checkpoint.safetensors").exists()

@@ -28,9 +28,7 @@ from p2p_trainer.lab.testbed import (
 )
 from p2p_trainer.lab.testbed import netns as tb_netns
 from p2p_trainer.lab.testbed.measure import PROBE_PATH
-from p2p_trainer.lab.testbed.pytest_fixture import TestbedFactory, skip_unless_supported, testbed_factory
-
-__all__ = ["testbed_factory"]  # the imported fixture is used by name
+from tests.conftest import TestbedFactory, skip_unless_supported
 
 APPS = Path(__file__).with_name("testbed_apps")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p_trainer.lab.testbed.pytest_fixture import skip_unless_supported
+from tests.conftest import skip_unless_supported
 
 REPO = Path(__file__).resolve().parents[2]
 

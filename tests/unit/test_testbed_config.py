@@ -20,8 +20,8 @@ from p2p_trainer.lab.testbed.netns import (
     _tcp_retrans_segs,
     support_problem,
 )
-from p2p_trainer.lab.testbed.pytest_fixture import skip_unless_supported
 from p2p_trainer.lab.testbed.stale import _owner_pid
+from tests.conftest import skip_unless_supported
 
 
 def test_default_config_is_valid_and_addresses_stay_in_the_subnet() -> None:

@@ -29,8 +29,12 @@ SOCKET_DIR = Path("/tmp")
 _LISTEN_RE = re.compile(r"^-listen=/unix(/.*hivemind-p2pd-(.+)\.sock)$")
 _P2PD_SOCKET_RE = re.compile(r"hivemind-p2pd-([A-Za-z0-9_-]+)\.sock")
 TREE_GRACE_S = 10.0
-"""How long a stopped child's other-session descendants get to exit on their own: torch's
-shared-memory manager exits ~2 s after its last client is gone, the watchdog within ~4 s."""
+"""How long a stopped child's descendants in other sessions get to exit on their own.
+
+hivemind sets torch's sharing strategy to file_system and shares a tensor when a DHT starts
+(MPFuture's state), which starts `torch_shm_manager` as a child of that process in a session
+of its own. It deletes the /dev/shm files when its last client has gone and exits ~2 s later;
+signalled earlier, it leaves them behind. The watchdog (net/reaper.py) exits within ~4 s."""
 
 
 # --------------------------------------------------------------------------- /proc reads
@@ -50,16 +54,6 @@ def state(pid: int) -> str:
     """The process state letter (R, S, D, T, Z, ...), or "" if the process is gone."""
     fields = _stat(pid)
     return fields[0] if fields else ""
-
-
-def parent_pid(pid: int) -> int | None:
-    fields = _stat(pid)
-    return int(fields[1]) if fields else None
-
-
-def session_id(pid: int) -> int | None:
-    fields = _stat(pid)
-    return int(fields[3]) if fields else None
 
 
 def start_time(pid: int) -> int | None:

@@ -38,17 +38,12 @@ class Bootstrap:
     stderr_path: Path
     initial_peers: list[str] = field(default_factory=list)
     descendants: list[int] = field(default_factory=list)
+    tree: dict[int, int] = field(default_factory=dict)
+    """The descendants with their start times (for reaping them by PID at teardown)."""
     sockets: list[Path] = field(default_factory=list)
 
     def stderr(self) -> str:
         return self.stderr_path.read_text()
-
-
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for child in processes.child_pids(pid):
-        found += [child, *_descendants(child)]
-    return found
 
 
 def _read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
@@ -88,16 +83,19 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
             line = _read_line(proc, READY_TIMEOUT_S)
             assert line.startswith("--initial-peers "), f"no initial-peers line; stderr:\n{node.stderr()}"
             node.initial_peers = line.split()[1::2]
-            node.descendants = _descendants(proc.pid)
+            node.descendants = sorted(processes.descendants(proc.pid))
+            node.tree = {pid: t for pid in node.descendants if (t := processes.start_time(pid)) is not None}
             for pid in node.descendants:
                 node.sockets += [p for d in processes.find_daemons(pid) for p in d.socket_paths]
         return node
 
     yield _launch
     for node in started:
-        for pid in [node.proc.pid, *node.descendants]:
-            processes.stop_pid(pid, grace_s=3)
+        processes.stop_pid(node.proc.pid, grace_s=3)
         node.proc.wait(timeout=10)
+        # what it started exits once it is gone (torch's shared-memory manager ~2 s later, and only
+        # then are its /dev/shm files removed, so it is not signalled early); stragglers are killed
+        processes.reap_tree(node.tree)
         if node.proc.stdout is not None:
             node.proc.stdout.close()
 

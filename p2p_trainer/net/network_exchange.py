@@ -28,9 +28,9 @@ import torch
 from p2p_trainer.algo.grace import quorum_size
 from p2p_trainer.algo.groups import group_of, group_seed
 from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.fault_points import NO_FAULTS, FaultInjector, FaultPoint
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
 from p2p_trainer.net.health import PeerHealth
-from p2p_trainer.net.self_kill import SelfKill
 from p2p_trainer.net.transport import Transport
 
 
@@ -74,13 +74,14 @@ class NetworkExchange:
         seed: int,
         max_weight: float = math.inf,
         health: PeerHealth | None = None,
+        faults: FaultInjector = NO_FAULTS,
     ) -> None:
+        """`faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions."""
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id
         self.health = health or PeerHealth()
-        self.fault_hook: SelfKill | None = None
-        """Test tool: called with ("mix1" | "exchange", round) once this peer has contributed."""
+        self.faults = faults
 
     def _live(self) -> set[str]:
         return set(self.live_peers()) | {self.me}
@@ -112,10 +113,10 @@ class NetworkExchange:
         flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
         group = self._group(request)
         deadline = time.monotonic() + request.timeout_s
-        phase = "mix1" if request.tag == "mix1" else "exchange"
-        hook, contributed = self.fault_hook, None
-        if hook is not None and hook.wants(phase, request.round):
-            contributed = functools.partial(hook, phase, request.round)
+        point: FaultPoint = "mix1" if request.tag == "mix1" else "blocking"
+        contributed = None
+        if self.faults.wants(point, request.round):  # only then does the butterfly wait for delivery
+            contributed = functools.partial(self.faults.reached, point, request.round)
         if len(group.members) == 1:
             if contributed is not None:
                 contributed()  # alone: the fault point is reached all the same

@@ -26,7 +26,9 @@ import torch
 from hivemind.p2p import P2P, PeerID
 
 from p2p_trainer.algo.methods import OuterState
+from p2p_trainer.config import NetworkConfig
 from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net.transport import MAX_HEADER_BYTES, Transport, decode_header, encode_header, read_frame
 
 logger = logging.getLogger(__name__)
@@ -81,13 +83,11 @@ def _payload(snapshot: StateSnapshot) -> bytes:
 class StateServer:
     """Serves this peer's latest outer-state snapshot to joiners."""
 
-    def __init__(
-        self, transport: Transport, run_id: str, on_serve: Callable[[str, int], None] | None = None
-    ) -> None:
+    def __init__(self, transport: Transport, run_id: str, faults: FaultInjector = NO_FAULTS) -> None:
+        """`faults` is told ("serve", states served so far) halfway through each payload."""
         self.transport, self.run_id = transport, run_id
         self.snapshot: StateSnapshot | None = None
-        self.on_serve = on_serve
-        """Called halfway through each payload with ("serve", states served so far): fault injection."""
+        self.faults = faults
         self.served = 0
         transport.run(transport.add_request_handler(STATE_PROTOCOL, self._serve), timeout_s=30)
 
@@ -123,10 +123,10 @@ class StateServer:
         writer.write(view[:half])
         await writer.drain()
         self.served += 1
-        if self.on_serve is not None:
+        if self.faults.wants("serve", self.served):
             # p2pd forwards what it was given a moment later: wait, so a fault strikes mid-payload
             await asyncio.sleep(0.5)
-            self.on_serve("serve", self.served)
+            self.faults.reached("serve", self.served)
         writer.write(view[half:])
         await writer.drain()
         logger.info("served round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
@@ -217,7 +217,7 @@ def download_state(
     run_id: str,
     like: list[torch.Tensor],
     timeout_s: float,
-    stall_timeout_s: float = 10.0,
+    stall_timeout_s: float = NetworkConfig.state_stall_timeout_s,
 ) -> DonorState | Failed:
     """The donor's (φ, m, round), shaped like `like`, or `Failed(reason)`.
 

@@ -1,6 +1,6 @@
 """One peer's training: inner steps (AdamW) and its method's exchange and outer step.
 
-`Peer.run_round` is the whole algorithm on one screen; everything else here is set-up,
+`Peer.run_round_until` is the whole algorithm on one screen; everything else here is set-up,
 evaluation and bookkeeping. The peer knows nothing about the network: it is handed an `Exchange`.
 """
 
@@ -18,6 +18,7 @@ from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grac
 from p2p_trainer.algo.work import WorkQuota
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
+from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.train.data import Corpus, TokenStream, validation_batches
 from p2p_trainer.train.model import GPT, build_model
 
@@ -50,7 +51,8 @@ class RoundMetrics:
     live_peers: int = 1
     """Training peers this one counted when it sized its share (itself included)."""
     skipped_steps: int = 0
-    """Inner steps this round left out (the peer adopted a state mid-round)."""
+    """Inner steps this round left out (the peer adopted a state mid-round, or had done them
+    before it stopped mid-round and was resumed)."""
 
 
 class Peer:
@@ -63,9 +65,12 @@ class Peer:
         device: str = "cpu",
         live_peers: Callable[[], list[str]] | None = None,
         self_id: str | None = None,
+        faults: FaultInjector = NO_FAULTS,
     ) -> None:
-        """`live_peers` (ids of the live peers) sizes this peer's share of a constant-work round (§6)."""
+        """`live_peers` (ids of the live peers) sizes this peer's share of a constant-work round (§6);
+        `faults` is told when the round's inner steps are half done (fault point "inner")."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
+        self.faults = faults
         self.model: GPT = build_model(cfg.model, cfg.seed).to(self.device)
         self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         inner = cfg.inner
@@ -82,23 +87,34 @@ class Peer:
         )
         self.stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, peer_key)
         self.val = validation_batches(corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches)
-        self.timing = grace_tracker(cfg.outer)  # §4: step-time EMA feeds the grace window
-        self.method = build_method(cfg.outer, exchange, self.timing)
+        self.timing = grace_tracker(cfg.exchange)  # §4: step-time EMA feeds the grace window
+        self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange)
         self.state = OuterState.from_params(self.params)
         self.step = 0
         self.skip_steps = 0
         """Inner steps the next round leaves out: a peer that adopted a donor's state mid-round
-        (late join, rejoin) ends its first round with the donor instead of a part-round later."""
+        (late join, rejoin) ends its first round with the donor instead of a part-round later, and
+        a peer stopped mid-round (`run_round_until`) has done them already."""
         self.tokens = 0
         self.tokens_since_merge = 0
         # the work split is among swarm ids (peer ids), which the data key need not be
         self.work = WorkQuota(cfg, self_id or peer_key, live_peers)
-        self.on_round: list[Callable[[RoundMetrics], None]] = []
-        self.on_phase: list[Callable[[str, int], None]] = []
-        """Called with ("inner", round) halfway through the inner steps (fault injection in tests)."""
 
     # --------------------------------------------------------------------------- the algorithm
     def run_round(self) -> RoundMetrics:
+        """One whole round: inner steps, then the method's exchange and outer step."""
+        m = self.run_round_until(_never)
+        assert m is not None  # nothing asked it to stop
+        return m
+
+    def run_round_until(self, should_stop: Callable[[], bool]) -> RoundMetrics | None:
+        """One round, unless `should_stop()` (asked before every inner step) says stop first.
+
+        A stopped round ends before its exchange and outer step, as if the peer had left there,
+        and returns None: φ and the round are those of the last completed round, θ and the
+        optimizer hold the steps done, and `skip_steps` says how many, so a checkpoint taken now
+        resumes the round where it stopped.
+        """
         t_round = time.monotonic()
         report = RoundReport(self.state.round)
         self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
@@ -107,9 +123,12 @@ class Peer:
         losses = []
         first, self.skip_steps = self.skip_steps, 0
         for s in range(first, self.cfg.outer.num_inner_steps):
+            if should_stop():
+                self.skip_steps = s
+                logger.info("stopped in round %d after %d of its inner steps", self.state.round, s)
+                return None
             if s == self.cfg.outer.num_inner_steps // 2:
-                for hook in self.on_phase:
-                    hook("inner", self.state.round)
+                self.faults.reached("inner", self.state.round)
             losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
         compute_s = time.monotonic() - t_round - report.blocked_s
         self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step
@@ -132,8 +151,6 @@ class Peer:
             and self.step % self.cfg.inner.eval_every < self.cfg.outer.num_inner_steps
         ):
             m.val_loss = self.evaluate()
-        for callback in self.on_round:
-            callback(m)
         return m
 
     def inner_step(self, report: RoundReport, micro_batches: int | None = None) -> torch.Tensor:
@@ -189,6 +206,10 @@ class Peer:
 
     def train(self, rounds: int) -> list[RoundMetrics]:
         return [self.run_round() for _ in range(rounds)]
+
+
+def _never() -> bool:
+    return False
 
 
 def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from p2p_trainer.algo.grace import GraceTracker, grace_window_s, quorum_size
-from p2p_trainer.config import ConfigError, OuterConfig
+from p2p_trainer.config import ConfigError, ExchangeConfig
 from p2p_trainer.net.health import PeerHealth
 
 
@@ -47,12 +47,12 @@ def test_tracker_uses_emas_and_starts_at_the_cap() -> None:
 
 def test_config_validates_quorum_and_grace() -> None:
     with pytest.raises(ConfigError, match="quorum_fraction"):
-        OuterConfig(quorum_fraction=0.0)
+        ExchangeConfig(quorum_fraction=0.0)
     with pytest.raises(ConfigError, match="grace_min_s"):
-        OuterConfig(grace_min_s=3.0, grace_max_s=2.0)
-    cfg = OuterConfig(quorum_wait_max_s=4.0, grace_max_s=2.0)
+        ExchangeConfig(grace_min_s=3.0, grace_max_s=2.0)
+    cfg = ExchangeConfig(quorum_wait_max_s=4.0, grace_max_s=2.0)
     assert cfg.pause_bound_s == 10.0
-    assert OuterConfig(exchange_timeout_s=3.0).pause_bound_s == 3.0
+    assert ExchangeConfig(timeout_s=3.0).pause_bound_s == 3.0
 
 
 def test_peer_health_suspects_only_peers_reached_before() -> None:
@@ -72,7 +72,7 @@ def test_peer_health_suspects_only_peers_reached_before() -> None:
 
 
 def test_rejoin_target_is_the_majority_round() -> None:
-    from p2p_trainer.run.join import rejoin_target
+    from p2p_trainer.run.entry_paths import rejoin_target
 
     assert rejoin_target(5, [20, 21], 3) == 20  # stalled: behind the others
     assert rejoin_target(120, [30, 31], 3) == 31  # alone behind a cut link: raced ahead
@@ -87,7 +87,7 @@ def test_rejoin_target_is_the_majority_round() -> None:
 def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
     from p2p_trainer.algo.methods import RoundReport
     from p2p_trainer.round_log import ExchangeRecord
-    from p2p_trainer.run.join import alone_rounds
+    from p2p_trainer.run.entry_paths import alone_rounds
     from p2p_trainer.train.trainer import RoundMetrics
 
     def metrics(*records: ExchangeRecord) -> RoundMetrics:
@@ -109,7 +109,7 @@ def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
 
 def test_estimated_round_adds_what_the_reported_throughput_allows() -> None:
     from p2p_trainer.net.records import Heartbeat
-    from p2p_trainer.run.join import estimated_round
+    from p2p_trainer.run.entry_paths import estimated_round
 
     beat = Heartbeat("x", 10, 0, None, 500.0, "0", timestamp=100.0)
     assert estimated_round(beat, 102.0, 250) == 14  # 2 s at 2 rounds/s

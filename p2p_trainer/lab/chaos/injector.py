@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 DOWNLOAD_MARK = "swarm on arrival"
 """The line a (re)starting peer logs right before it downloads the swarm's state (node.py)."""
-SERVING_MARK = "serving round-"
+SERVE_MARK = "serving round-"
 """The line a donor logs right before it sends its state (net/state_sync.py)."""
 
 
@@ -150,7 +150,7 @@ class Injector:
         """Block until peer `event.peer` is (approximately) in `event.phase`; False if it never was.
 
         inner, mix1, blocking: wait for the peer's next round record (a round just started), then
-        sleep into the phase using its last round's compute and blocked seconds. download, serving:
+        sleep into the phase using its last round's compute and blocked seconds. download, serve:
         wait for the peer's log line (after its last restart, or after now).
         """
         assert event.peer is not None
@@ -158,9 +158,9 @@ class Injector:
             return True, ""
         if event.phase == "download":
             return self._wait_log(event.peer, DOWNLOAD_MARK, self.restart_offsets.get(event.peer, 0))
-        if event.phase == "serving":
+        if event.phase == "serve":
             log = self.run_dir / f"peer{event.peer}" / "log.txt"
-            return self._wait_log(event.peer, SERVING_MARK, log.stat().st_size if log.exists() else 0)
+            return self._wait_log(event.peer, SERVE_MARK, log.stat().st_size if log.exists() else 0)
         i = event.peer
         deadline = time.monotonic() + self.phase_timeout_s
         seen = len(_round_records(self.run_dir, i))

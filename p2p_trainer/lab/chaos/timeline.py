@@ -10,7 +10,7 @@
     at_s = 60                 # seconds after the first peer finished its first round
     action = "kill"           # see ACTIONS
     peer = 1
-    phase = "inner"           # kill only: any | inner | mix1 | blocking | download (approximate)
+    phase = "inner"           # kill only: any | inner | mix1 | blocking | download | serve
     [[events]]
     at_s = 70
     action = "restart"        # same identity and run directory; late-joins (or resume = true)
@@ -29,6 +29,7 @@ from typing import Any
 import tomllib
 
 from p2p_trainer.config import ConfigError, RunConfig, config_from_dict
+from p2p_trainer.fault_points import CHAOS_POINTS
 
 ACTIONS = ("kill", "stall", "resume", "restart", "kill_bootstrap", "throttle", "cut", "heal")
 """kill: SIGKILL the peer's whole process group (its DHT process and p2pd too), at `phase`.
@@ -36,13 +37,6 @@ stall / resume: SIGSTOP / SIGCONT the peer's processes. restart: start a killed 
 the same identity key and run directory. kill_bootstrap: SIGKILL the bootstrap node.
 throttle: cap the peer's link at `rate_mbit` (both directions); cut / heal: drop / restore it."""
 LINK_ACTIONS = ("throttle", "cut", "heal")
-PHASES = ("any", "inner", "mix1", "blocking", "download", "serving")
-"""When a kill lands. inner: mid-way through the inner steps; mix1: just after a round starts
-(factored's Mix1 is in flight); blocking: in the round's end-of-round exchange; download: while the
-peer downloads the swarm's state after a (re)start; serving: while the peer sends its state to a
-joiner (a donor dying mid-transfer; needs a throttled link to land inside the transfer).
-inner/mix1/blocking are timed from the peer's last round record (its compute and blocked seconds),
-download and serving from its log lines; all approximate."""
 
 
 class ChaosScenarioError(ValueError):
@@ -62,7 +56,13 @@ class Event:
     peer: int | None = None
     """Index of the target peer (all actions but kill_bootstrap)."""
     phase: str = "any"
-    """kill only: see PHASES."""
+    """kill only: where it lands, one of `fault_points.CHAOS_POINTS`. inner: mid-way through the
+    inner steps; mix1: just after a round starts (factored's Mix1 is in flight); blocking: in the
+    round's end-of-round exchange; download: while the peer downloads the swarm's state after a
+    (re)start; serve: while the peer sends its state to a joiner (a donor dying mid-transfer; needs
+    a throttled link to land inside the transfer). inner/mix1/blocking are timed from the peer's
+    last round record (its compute and blocked seconds), download and serve from its log lines;
+    all approximate."""
     rate_mbit: float | None = None
     """throttle only: the link's new rate, both directions."""
     resume: bool = False
@@ -80,7 +80,10 @@ class Event:
                 self.peer is not None and 0 <= self.peer < peers,
                 f"{where}: peer={self.peer}; use an index in 0..{peers - 1}",
             )
-        _require(self.phase in PHASES, f"{where}: phase {self.phase!r}; choose one of {', '.join(PHASES)}")
+        _require(
+            self.phase in CHAOS_POINTS,
+            f"{where}: phase {self.phase!r}; choose one of {', '.join(CHAOS_POINTS)}",
+        )
         _require(self.phase == "any" or self.action == "kill", f"{where}: only kill takes a phase")
         _require(
             (self.action == "throttle") == (self.rate_mbit is not None),

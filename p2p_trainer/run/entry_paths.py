@@ -1,0 +1,234 @@
+"""How a peer gets into step with its swarm: late join, rejoin after a stall or a cut, lost sight.
+
+`late_join` downloads the swarm's state on arrival; `Rejoin` and `RegainSight` bring a running
+peer back to the majority's round; the rest are the pure rules they follow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
+from p2p_trainer.net import records
+from p2p_trainer.net.records import Heartbeat
+from p2p_trainer.net.state_sync import (
+    catch_up_steps,
+    donor_order,
+    download_state,
+    first_download,
+    heartbeat_lag_rounds,
+)
+from p2p_trainer.net.swarm_view import SwarmView
+from p2p_trainer.net.transport import Transport
+from p2p_trainer.round_log import RejoinRecord, read_log
+from p2p_trainer.train.trainer import Peer, RoundMetrics, adopt_state
+
+logger = logging.getLogger(__name__)
+
+
+def late_join(
+    peer: Peer,
+    view: SwarmView,
+    transport: Transport,
+    run_id: str,
+    tokens_per_round: int,
+    donor_wait_s: float = 0.0,
+    faults: FaultInjector = NO_FAULTS,
+) -> bool:
+    """Download (φ, m, round) from a live peer at the swarm's latest round; the next one if it fails.
+
+    Joiners spread over the freshest donors (`donor_order`); a donor that dies or stalls mid-transfer
+    fails within the stall timeout and the next donor is tried. Retried for the network config's
+    `late_join_patience_s`, since a new
+    node's p2p routing needs a few seconds to reach the others. With no donor in sight, a new swarm
+    is assumed at once, unless `donor_wait_s` > 0 (a peer rejoining its swarm): it keeps looking.
+    """
+    net = peer.cfg.network
+    patience_s = net.late_join_patience_s
+    deadline = time.monotonic() + patience_s
+    donor_deadline = time.monotonic() + donor_wait_s
+    attempt = 0
+    while True:
+        beats = view.heartbeats()
+        logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
+        # heartbeats say the rounds per second (throughput / tokens per round) of their peers
+        rounds_per_s = max((h.throughput_tokens_per_s for h in beats), default=0.0) / tokens_per_round
+        slack = heartbeat_lag_rounds(rounds_per_s, 2 * view.period_s)
+        donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats], slack)
+        if not donors and time.monotonic() >= donor_deadline:
+            return False
+        attempt += 1
+        if donors:
+            faults.reached("download", attempt)
+        got = first_download(
+            donors,
+            lambda d: download_state(
+                transport,
+                d,
+                run_id,
+                peer.state.anchor,
+                net.state_download_timeout_s,
+                net.state_stall_timeout_s,
+            ),
+        )
+        if not isinstance(got, list):
+            state, donor = got
+            skip = catch_up_steps(state, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
+            adopt_state(peer, state, skip)
+            logger.info("late join: adopted round %d from %s, %d steps in", state.round, donor[-8:], skip)
+            return True
+        if donors and time.monotonic() > deadline:
+            raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
+        time.sleep(2.0)
+
+
+def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> int | None:
+    """The swarm's round to rejoin, or None if this peer is within `lag_rounds` of it.
+
+    The swarm's round is the (upper) median of all live peers' rounds, this one's included: the
+    majority's. Groups meet only within one round, so a peer left behind (stalled, cut off) would
+    otherwise average with nobody for the rest of the run, and a peer cut off alone races ahead
+    (its rounds have no one to wait for) and must come back to the majority, not pull it along.
+    """
+    if lag_rounds <= 0 or not other_rounds:
+        return None
+    rounds = sorted([my_round, *other_rounds])
+    target = rounds[len(rounds) // 2]
+    if target - my_round >= lag_rounds:
+        return target
+    # Going back discards work, and heartbeats of a starved machine make others look behind:
+    # only a peer far ahead (one that trained alone behind a cut link) goes back.
+    return target if my_round - target >= 3 * lag_rounds else None
+
+
+def alone_rounds(previous: int, m: RoundMetrics) -> int:
+    """Consecutive rounds in which this peer met its groups late or not at all (rounds without
+    exchanges do not count).
+
+    Late: a partial merge whose other parts came back without this peer's values (`late_parts`),
+    i.e. its group had moved on; a peer a part-round behind stays there, since every late round
+    costs it the result waits. A partial merge because a partner died is not this peer's lag.
+    Heartbeat rounds lag by up to a heartbeat period (many rounds when rounds are short), so a
+    peer that still meets its groups must never act on them; one that keeps missing them may, and
+    `rejoin_target` still requires the heartbeats to put it `lag_rounds` behind.
+    """
+    if not m.report.exchanges:
+        return previous
+    met = any(e.merged and e.late_parts == 0 for e in m.report.exchanges)
+    return 0 if met else previous + 1
+
+
+def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
+    """A peer's round now, from its heartbeat: the round it reported plus the rounds its reported
+    throughput allows since then (heartbeats are up to a period old; rounds can be much shorter)."""
+    rounds_since = max(0.0, now - beat.timestamp) * beat.throughput_tokens_per_s / max(1, tokens_per_round)
+    return beat.round + int(rounds_since)
+
+
+class Rejoin:
+    """Brings a peer back to the swarm's round after `lag_rounds` rounds that merged with no one."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        view: SwarmView,
+        transport: Transport,
+        run_id: str,
+        lag_rounds: int,
+        tokens_per_round: int,
+    ) -> None:
+        self.peer, self.view, self.transport, self.run_id = peer, view, transport, run_id
+        self.lag_rounds, self.tokens_per_round = lag_rounds, tokens_per_round
+        self.alone = 0
+
+    def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
+        """Call after every round; returns a metrics record if the peer rejoined."""
+        self.alone = alone_rounds(self.alone, m)
+        if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
+            return None  # a peer that meets its groups never acts on (stale) heartbeat rounds
+        left = self._rejoin()
+        if left is None:
+            return None
+        self.alone = 0
+        return RejoinRecord(
+            from_round=left, to_round=self.peer.state.round, catch_up_steps=self.peer.skip_steps
+        )
+
+    def _rejoin(self) -> int | None:
+        peer, now = self.peer, records.now()
+        others = {
+            h.peer_id: estimated_round(h, now, self.tokens_per_round)
+            for h in self.view.heartbeats()
+            if h.peer_id != self.transport.peer_id
+        }
+        target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        if target is None:
+            return None
+        left = peer.state.round
+        for donor in sorted(others, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:
+            net = peer.cfg.network
+            got = download_state(
+                self.transport,
+                donor,
+                self.run_id,
+                peer.state.anchor,
+                net.resync_download_timeout_s,
+                net.state_stall_timeout_s,
+            )
+            if isinstance(got, Failed):
+                logger.warning("rejoin download: %s", got.reason.splitlines()[0])
+                continue
+            if (got.round - left) * (target - left) <= 0:
+                # heartbeats over-estimated the donor: its state is not in the direction we meant to go
+                logger.info(
+                    "rejoin: donor %s is at round %d, not towards %d; kept own state",
+                    donor[-8:],
+                    got.round,
+                    target,
+                )
+                continue
+            skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
+            adopt_state(peer, got, skip)
+            logger.info(
+                "rejoined the swarm: round %d -> %d from %s, %d steps in", left, got.round, donor[-8:], skip
+            )
+            return left
+        return None
+
+
+class RegainSight:
+    """A peer that lost sight of the swarm waits (once per loss, at most the heartbeat TTL) for its
+    view to come back before training on alone.
+
+    After a stall or a cut link the DHT routing is gone and the view empties; training alone then
+    produces rounds that are discarded when the peer rejoins the majority (`Rejoin`), and short
+    rounds can run the whole remaining schedule before the view refreshes. A last survivor pays
+    one TTL once.
+    """
+
+    def __init__(self, view: SwarmView) -> None:
+        self.view, self.waited = view, False
+
+    def before_round(self) -> None:
+        if not self.view.lost_sight():
+            self.waited = False
+            return
+        if self.waited:
+            return
+        self.waited = True
+        t0 = time.monotonic()
+        live = self.view.wait_for(2, self.view.ttl_s)
+        logger.info("lost sight of the swarm; waited %.1f s for it: %d live", time.monotonic() - t0, live)
+
+
+def skipped_s(peer: Peer) -> float:
+    """How far into its round a peer that skipped steps to catch up already is, in seconds."""
+    return peer.skip_steps * (peer.timing.t_step_s or 0.0)
+
+
+def trained_before(metrics_path: Path) -> bool:
+    """This run directory holds rounds of an earlier life of this peer: it is rejoining its swarm."""
+    return bool(read_log(metrics_path).rounds)

@@ -74,6 +74,23 @@ def held_sockets(roots: list[int]) -> set[Path]:
     )
 
 
+def node_sockets(key_path: Path) -> set[Path]:
+    """Socket files of the running p2pd that uses the identity `key_path` (daemon and client).
+
+    Unlike a before/after glob of /tmp, this stays right while other swarms run on the machine.
+    """
+    found: set[Path] = set()
+    for entry in Path("/proc").iterdir():
+        args = processes.cmdline(int(entry.name)) if entry.name.isdigit() else []
+        if f"-id={key_path}" not in args:
+            continue
+        for arg in args:
+            if arg.startswith("-listen=/unix") and "hivemind-p2pd-" in arg:
+                daemon = Path(arg.removeprefix("-listen=/unix"))
+                found |= {daemon, daemon.with_name(daemon.name.replace("p2pd", "p2pclient", 1))}
+    return found
+
+
 def remaining(paths: set[Path]) -> set[Path]:
     return {p for p in paths if p.exists()}
 

@@ -31,7 +31,7 @@ from p2p_trainer.run.launcher import (
     local_options,
     read_initial_peers,
 )
-from tests.conftest import TestbedFactory, final_of, held_sockets, rounds_of, tiny_config, wait_until
+from tests.conftest import TestbedFactory, final_of, node_sockets, rounds_of, tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 SLACK_S = 1.0
@@ -64,8 +64,9 @@ class Swarm(LocalSwarm):
             self.start(i, (extra or {}).get(i, []))
 
     def note_sockets(self) -> None:
-        """Remember the hivemind socket files of this swarm's running nodes (checked at close)."""
-        self.sockets |= held_sockets([c.pid for c in self.started])
+        """Remember the p2pd socket files of this swarm's running nodes (checked at close)."""
+        for key in (self.run_dir / "keys").glob("*.key"):
+            self.sockets |= node_sockets(key)
 
     def start(self, i: int, extra: list[str]) -> Child:
         return self.start_peer(i, extra)
@@ -260,7 +261,7 @@ def test_sigterm_then_resume_continues_from_the_same_round(tmp_path: Path) -> No
     try:
         assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the peer did not start training"
         swarm.note_sockets()
-        peer_sockets = held_sockets([swarm.peers[0].pid])
+        peer_sockets = node_sockets(tmp_path / "keys" / "peer0.key")
         assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 0
         assert peer_sockets and not any(p.exists() for p in peer_sockets), "SIGTERM left sockets"
         final = final_of(tmp_path, 0)

@@ -39,7 +39,15 @@ from typing import Any
 
 from safetensors import safe_open
 
-from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
+from p2p_trainer.config import (
+    DataConfig,
+    ExchangeConfig,
+    InnerConfig,
+    ModelConfig,
+    OuterConfig,
+    RunConfig,
+    to_toml,
+)
 from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node
 from p2p_trainer.lab.chaos.report import peer_summary
 from p2p_trainer.lab.chaos.runner import run_scenario
@@ -80,12 +88,9 @@ def run_config(plan: Plan, method: str, constant_work: bool) -> RunConfig:
         data=DataConfig(batch_size=plan.batch_size, val_batches=8),
         inner=InnerConfig(eval_every=0, warmup_steps=10),
         outer=OuterConfig.for_method(
-            method,
-            num_inner_steps=plan.num_inner_steps,
-            exchange_timeout_s=5.0,
-            **({"mix1_grace_s": 2.0} if method == "factored" else {}),
-            target_tokens_per_round=target,
+            method, num_inner_steps=plan.num_inner_steps, target_tokens_per_round=target
         ),
+        exchange=ExchangeConfig(timeout_s=5.0, **({"mix1_grace_s": 2.0} if method == "factored" else {})),
     )
 
 

@@ -113,7 +113,7 @@ def sim_comparison(
             link_efficiency=terms["link_efficiency"], overlap_cpu_s_per_mb=terms["overlap_cpu_s_per_mb"],
             round_overhead_s=overhead_s / h if v == "data-parallel" else overhead_s,
             round_jitter_sigma=terms.get("round_jitter_sigma", 0.0),
-            group_size=2, mix2_every_rounds=k, mix2_group_size=0, horizon_s=spec.budget_s, methods=(sim_name,),
+            group_size=2, mix2_every=k, mix2_group_size=0, horizon_s=spec.budget_s, methods=(sim_name,),
         )  # fmt: skip
         pred = predict(sc)[sim_name]
         s = summary[v]

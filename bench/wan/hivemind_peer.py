@@ -1,7 +1,7 @@
 """The baseline users have today: our model and data, trained with `hivemind.Optimizer`.
 
     python -m bench.wan.hivemind_peer --config run.toml --initial-peers MADDR --host IP \
-        --run-dir D --peers 4 [--max-minutes 4] [--snapshot-every 1]
+        --run-dir D --peers 4 [--minutes 4] [--snapshot-every 1]
 
 Configured the way its users run it (HIVEMIND_NOTES.md): local updates (`use_local_updates=True`,
 each peer's AdamW steps on its own gradients) and parameter averaging whenever the swarm has
@@ -43,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--peers", type=int, required=True, help="Expected swarm size (sets target_batch_size).")
-    p.add_argument("--max-minutes", type=float, default=None)
+    p.add_argument("--minutes", type=float, default=None)
     p.add_argument("--snapshot-every", type=int, default=0, help="Save params every this many epochs.")
     p.add_argument("--matchmaking-time-s", type=float, default=5.0)
     p.add_argument("--next-chunk-timeout-s", type=float, default=30.0)
@@ -123,7 +123,7 @@ def train(
     inner = cfg.inner
     total_steps = cfg.rounds * cfg.outer.num_inner_steps
     started = time.monotonic()
-    deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
+    deadline = started + 60 * args.minutes if args.minutes else float("inf")
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     metrics.write(StartRecord(peer_key, time.time(), method="hivemind"))
     params = [p for p in model.parameters() if p.requires_grad]

@@ -18,7 +18,7 @@ import torch
 
 from p2p_trainer.algo import outer
 from p2p_trainer.algo.grace import GraceTracker
-from p2p_trainer.config import OuterConfig
+from p2p_trainer.config import ExchangeConfig, OuterConfig
 from p2p_trainer.exchange.interface import ALL, Exchange, ExchangeRequest, ExchangeResult, Ok, PendingExchange
 from p2p_trainer.round_log import ExchangeRecord
 
@@ -99,32 +99,38 @@ class _NoGradientSync:
         return None
 
 
-def grace_tracker(cfg: OuterConfig) -> GraceTracker:
-    """The §4 timing state of one peer, from its outer config."""
+def grace_tracker(cfg: ExchangeConfig) -> GraceTracker:
+    """The §4 timing state of one peer, from its exchange config."""
     return GraceTracker(cfg.grace_overlap_steps, cfg.grace_gamma, cfg.grace_min_s, cfg.grace_max_s)
 
 
 class _BlockingExchanges:
     """Shared by the methods: one timed, recorded exchange with a quorum and grace window (§4)."""
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
-        self.cfg, self.exchange = cfg, exchange
-        self.timing = timing if timing is not None else grace_tracker(cfg)
+    def __init__(
+        self,
+        cfg: OuterConfig,
+        exchange: Exchange,
+        timing: GraceTracker | None = None,
+        xcfg: ExchangeConfig = ExchangeConfig(),
+    ) -> None:
+        self.cfg, self.exchange, self.xcfg = cfg, exchange, xcfg
+        self.timing = timing if timing is not None else grace_tracker(xcfg)
 
     def _request(self, tag: str, rnd: int, group: int, weight: float, step: int = 0) -> ExchangeRequest:
-        cfg = self.cfg
+        xcfg = self.xcfg
         return ExchangeRequest(
             tag,
             rnd,
             group,
-            weight if cfg.token_weighted else 1.0,
-            cfg.exchange_timeout_s,
+            weight if self.cfg.token_weighted else 1.0,
+            xcfg.timeout_s,
             step,
-            quorum_fraction=cfg.quorum_fraction,
-            quorum_wait_s=cfg.quorum_wait_max_s,
+            quorum_fraction=xcfg.quorum_fraction,
+            quorum_wait_s=xcfg.quorum_wait_max_s,
             grace_s=self.timing.window_s(),
             result_wait_s=self.timing.result_wait_s(),
-            wire_dtype=cfg.wire_dtype,
+            wire_dtype=xcfg.wire_dtype,
         )
 
     def _average(
@@ -209,8 +215,14 @@ class NoLoCo(_NoGradientSync, _BlockingExchanges):
 class FactoredGossip(_NoGradientSync, _BlockingExchanges):
     """§3: Mix1 (background, anchors, group G1) overlaps the inner phase; Mix2 (blocking, Δ, G2)."""
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
-        super().__init__(cfg, exchange, timing)
+    def __init__(
+        self,
+        cfg: OuterConfig,
+        exchange: Exchange,
+        timing: GraceTracker | None = None,
+        xcfg: ExchangeConfig = ExchangeConfig(),
+    ) -> None:
+        super().__init__(cfg, exchange, timing, xcfg)
         self._mix1: PendingExchange | None = None
 
     def begin_round(self, state: OuterState, weight: float) -> None:
@@ -220,9 +232,8 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         # blocking window of §4. That window shrinks to grace_min_s once a long Mix2 has been timed,
         # shorter than a half-model transfer at WAN rates: in the idle WAN bench, Mix1 then failed
         # in 11-15 of 16 rounds after the first Mix2.
-        cfg = self.cfg
-        behind_s = (self.timing.t_step_s or 0.0) * cfg.num_inner_steps + cfg.mix1_grace_s
-        wait_s = min(cfg.exchange_timeout_s, max(req.grace_s, behind_s))
+        behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
+        wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
         self._mix1_started = time.monotonic()
         self._mix1 = self.exchange.start(state.anchor, req)
@@ -231,7 +242,7 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         if self._mix1 is None:
             return state.anchor
         t0 = time.monotonic()
-        res = report.add("mix1", self._mix1.result(self.cfg.mix1_grace_s), time.monotonic() - t0)
+        res = report.add("mix1", self._mix1.result(self.xcfg.mix1_grace_s), time.monotonic() - t0)
         self._mix1 = None
         return res.tensors if isinstance(res, Ok) else state.anchor
 
@@ -273,7 +284,13 @@ class DataParallel(_BlockingExchanges):
 class Independent(_NoGradientSync):
     """No exchange at all: the floor every communicating method must beat."""
 
-    def __init__(self, cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> None:
+    def __init__(
+        self,
+        cfg: OuterConfig,
+        exchange: Exchange,
+        timing: GraceTracker | None = None,
+        xcfg: ExchangeConfig = ExchangeConfig(),
+    ) -> None:
         self.cfg = cfg
 
     def begin_round(self, state: OuterState, weight: float) -> None:
@@ -295,7 +312,13 @@ _METHODS: dict[str, type] = {
 }
 
 
-def build_method(cfg: OuterConfig, exchange: Exchange, timing: GraceTracker | None = None) -> OuterMethod:
-    """The strategy for `cfg.method`; `timing` is the peer's grace tracker (fed with step times)."""
-    method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing)
+def build_method(
+    cfg: OuterConfig,
+    exchange: Exchange,
+    timing: GraceTracker | None = None,
+    xcfg: ExchangeConfig = ExchangeConfig(),
+) -> OuterMethod:
+    """The strategy for `cfg.method`; `timing` is the peer's grace tracker (fed with step times),
+    `xcfg` how its exchanges run (quorum, grace, time limits, wire format)."""
+    method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing, xcfg)
     return method

@@ -47,7 +47,7 @@ def test_smoke_scenario_kill_restart_stall_and_bootstrap_death(tmp_path: Path) -
             "stopped after the bootstrap died"
         )
     # survivors were never blocked for longer than two exchange timeouts in a row
-    bound_s = 2 * scenario.run.outer.exchange_timeout_s + 2
+    bound_s = 2 * scenario.run.exchange.timeout_s + 2
     assert peers["peer0"]["longest_pause_s"] < bound_s, peers["peer0"]
     # constant work per round: the swarm's tokens per round stay at the target outside the kill
     tpr = report["tokens_per_round"]

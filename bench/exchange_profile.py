@@ -2,7 +2,7 @@
 
     python -m bench.exchange_profile [--peers 2 4] [--rounds 6]
 
-Issue 4's target is exchange time <= 1.15 x bytes / link rate. The WAN bench's per-peer
+The target is exchange time <= 1.15 x bytes / link rate (bench/RESULTS.md). The WAN bench's per-peer
 `elapsed_s` also counts waiting for the group's last member, so this bench takes the peers out and
 times the exchange itself: N member processes (hivemind DHT + p2pd + our Transport, the real
 stack), each in its own namespace on a capped link and CPU quota, run `butterfly_average` on the

@@ -1,4 +1,4 @@
-"""Head-to-head on the emulated WAN (issue 4): our methods vs DiLoCo, NoLoCo, data-parallel,
+"""Head-to-head on the emulated WAN: our methods vs DiLoCo, NoLoCo, data-parallel,
 independent training and hivemind.Optimizer, same model, data, seed and inner optimizer.
 
     python -m bench.wan --out runs/wan            # the full comparison
@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--no-calibration",
         action="store_true",
-        help="Skip the 2-peer runs that measure the simulator's testbed terms (issue 6 comparison).",
+        help="Skip the 2-peer runs that measure the simulator's testbed terms (the simulator comparison).",
     )
     return p.parse_args(argv)
 

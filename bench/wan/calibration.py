@@ -1,4 +1,4 @@
-"""Issue 6 on the WAN testbed: the simulator's predicted utilisation and round time per method.
+"""The simulator checked on the WAN testbed: the simulator's predicted utilisation and round time per method.
 
 The simulator's alpha-beta model assumes the ideal: exchanges at the link rate, and inner steps
 untouched by a background exchange. CPU-capped testbed peers are not ideal, so the prediction uses

@@ -1,4 +1,4 @@
-"""Comparisons across methods of one seed, medians over seeds, and issue 4's targets as ratios."""
+"""Comparisons across methods of one seed, medians over seeds, and the bench's targets as ratios."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _m(per_seed: list[dict[str, Any]], method: str, key: str) -> float | None:
 
 
 def targets(summary: dict[str, dict[str, Any]], per_seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 4's targets, each with the measured value, the bound and whether it is met."""
+    """The bench's targets (bench/RESULTS.md), each with the measured value, the bound and whether it is met."""
     rows: list[dict[str, Any]] = []
 
     def add(name: str, value: float | None, bound: float | None, ok: bool | None) -> None:

@@ -8,9 +8,9 @@ mixing inconsistent parts. Waiting is bounded by the request's quorum and grace 
 (`allreduce.py`). Peers that a failed send marked suspect (`health.py`) are not waited for, so a
 dead peer stops costing grace windows before its heartbeat expires; they stay in the groups
 until then. Suspicion is local: leaving suspects out of the groups made the peers' member lists
-differ (one had seen the failed send, the other not), and then no one met for the TTL. Measured
-here: with suspects excluded, a survivor failed 7 rounds in a row after a kill; kept in, the
-survivors merge all parts but the dead peer's from the next round on.
+differ (one had seen the failed send, the other not), and then no one met until the dead peer's
+heartbeat expired. Kept in, the survivors merge every part but the dead peer's from the next round
+on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A watchdog process that stops our p2pd and DHT process if the node's own process dies abruptly.
 
 hivemind's DHT process does not watch its parent: after `kill -9` (or an OOM kill) of the trainer,
-the DHT process and its p2pd keep running forever (measured here: still alive after 60 s). A
+the DHT process and its p2pd keep running indefinitely. A
 `NetNode` therefore starts this small process (`python -m p2p_trainer.net.reaper`, its own session,
 no torch import) and tells it, on stdin, the (pid, start time) of each process to stop and the socket
 files to remove. When the owner exits (stdin closes, or the owner's PID is gone) it stops those

@@ -8,7 +8,7 @@ routing table emptied) pings the peers it knew and its bootstrap nodes until the
 Heartbeats are not the only evidence of life. When exchanges fill the links, a heartbeat's DHT
 store and the reads of it queue behind megabytes of tensors, and a busy peer's heartbeat could
 expire in some views but not others: peers then form different groups and the exchange fails for
-all of them (measured: data-parallel peers on 10 Mbit/s links fell apart this way after 5 steps).
+all of them (data-parallel peers on 10 Mbit/s links are the typical case).
 So a peer whose messages reached this one within `ttl_s` stays in view (`hear_from`) unless it
 left cleanly; a dead peer sends nothing, so it still drops out within `ttl_s`.
 """

@@ -4,7 +4,7 @@ Two real-process swarms on loopback, one after the other (bench/chaos_goodput.py
 factored gossip with constant work per round, the first with a SIGKILL every `kill_every_s` (peers
 in turn, each restarted 5 s later with its identity, late-joining the swarm's state), the second
 without faults. The survivors' final validation loss must stay within 0.05 nats/byte of the
-failure-free run's (issue 5's bound). The numbers are printed (run with -s).
+failure-free run's. The numbers are printed (run with -s).
 """
 
 from __future__ import annotations

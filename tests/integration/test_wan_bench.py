@@ -1,6 +1,6 @@
 """`python -m bench.wan --quick` end to end on the WAN testbed: the pipeline and sane numbers.
 
-Checks the sanity of what was measured (issue 4 item 4), not the targets: data-parallel has the
+Checks the sanity of what was measured, not the targets: data-parallel has the
 best loss per token, independent training the worst, and every peer's interface counters agree
 with the bytes the exchanges must move within 5%. Skipped, with the reason, without root/netns.
 About 5 minutes on an idle 2-core machine; 7-12 on a loaded one.

@@ -262,7 +262,7 @@ def test_sigterm_then_resume_continues_from_the_same_round(tmp_path: Path) -> No
         assert wait_until(lambda: len(swarm.rounds(0)) >= 3, 120), "the peer did not start training"
         swarm.note_sockets()
         peer_sockets = node_sockets(tmp_path / "keys" / "peer0.key")
-        assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 0
+        assert swarm.peers[0].stop(timeout_s=60, sig=signal.SIGTERM) == 143  # 128 + SIGTERM
         assert peer_sockets and not any(p.exists() for p in peer_sockets), "SIGTERM left sockets"
         final = final_of(tmp_path, 0)
         assert final is not None and final.stopped is True

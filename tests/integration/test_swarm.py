@@ -114,7 +114,7 @@ def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(
         )
         assert dup.returncode != 0 and "already used" in dup.stderr, dup.stderr[-2000:]
         assert children[1].alive(), "the original must keep running"
-        assert children[1].stop(timeout_s=60) == 0  # SIGINT: checkpoint, final record, clean exit
+        assert children[1].stop(timeout_s=60) == 130  # SIGINT: checkpoint, final record, exit 130
     finally:
         swarm.stop(peer_timeout_s=20, boot_timeout_s=20)
     final = final_of(tmp_path, 0)

@@ -124,6 +124,13 @@ def show_config(config: str | None, method: str | None, rounds: int | None, seed
     type=click.IntRange(min=0),
     help="Save φ to RUN_DIR/snapshots every this many rounds, for loss curves evaluated after the run.",
 )
+@click.option(
+    "--record-exchanges",
+    default=None,
+    hidden=True,
+    type=click.Path(file_okay=False),
+    help="Test tool: write each exchange's contribution and result to DIR.",
+)
 def join(
     config: str | None,
     method: str | None,
@@ -146,6 +153,7 @@ def join(
     swarm: str,
     kill_self_at: str | None,
     snapshot_every: int,
+    record_exchanges: str | None,
 ) -> None:
     """Join a swarm as a training peer."""
     import torch
@@ -183,6 +191,7 @@ def join(
         swarm=swarm,
         kill_self_at=_kill_point(kill_self_at),
         snapshot_every=snapshot_every,
+        record_exchanges=Path(record_exchanges) if record_exchanges else None,
     )
     try:
         code = run_peer(opts, stop)

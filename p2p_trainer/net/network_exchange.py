@@ -30,6 +30,7 @@ from p2p_trainer.algo.groups import group_of, group_seed
 from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector, FaultPoint
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+from p2p_trainer.net.exchange_tap import NO_TAP, ExchangeTap
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Transport
 
@@ -47,20 +48,32 @@ def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.T
 
 
 class _NetworkPending:
-    def __init__(self, future: concurrent.futures.Future[ExchangeResult], like: list[torch.Tensor]) -> None:
-        self.future, self.like = future, like
+    def __init__(
+        self,
+        future: concurrent.futures.Future[ExchangeResult],
+        like: list[torch.Tensor],
+        taken: Callable[[ExchangeResult], None] | None = None,
+    ) -> None:
+        """`taken` sees the result (flat) the first time the caller takes it: the tap's hook."""
+        self.future, self.like, self.taken = future, like, taken
 
     def done(self) -> bool:
         return self.future.done()
 
     def result(self, timeout_s: float) -> ExchangeResult:
-        try:
-            res = self.future.result(timeout=max(0.0, timeout_s))
-        except concurrent.futures.TimeoutError:
-            return Failed(f"not finished within {timeout_s:.1f} s")
+        res = self._wait(timeout_s)
+        if self.taken is not None:
+            self.taken(res)
+            self.taken = None
         if isinstance(res, Ok):
             return dataclasses.replace(res, tensors=_unflatten(res.tensors[0], self.like))
         return res
+
+    def _wait(self, timeout_s: float) -> ExchangeResult:
+        try:
+            return self.future.result(timeout=max(0.0, timeout_s))
+        except concurrent.futures.TimeoutError:
+            return Failed(f"not finished within {timeout_s:.1f} s")
 
 
 class NetworkExchange:
@@ -75,13 +88,15 @@ class NetworkExchange:
         max_weight: float = math.inf,
         health: PeerHealth | None = None,
         faults: FaultInjector = NO_FAULTS,
+        tap: ExchangeTap = NO_TAP,
     ) -> None:
-        """`faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions."""
+        """`faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions;
+        `tap` sees each exchange's contribution and result (a test tool, `exchange_tap.py`)."""
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id
         self.health = health or PeerHealth()
-        self.faults = faults
+        self.faults, self.tap = faults, tap
 
     def _live(self) -> set[str]:
         return set(self.live_peers()) | {self.me}
@@ -117,20 +132,23 @@ class NetworkExchange:
         contributed = None
         if self.faults.wants(point, request.round):  # only then does the butterfly wait for delivery
             contributed = functools.partial(self.faults.reached, point, request.round)
+        # our own weight obeys the bound the others check, or they would drop our contribution
+        weight = min(request.weight, self.max_weight)
+        taken = None
+        if self.tap.enabled:
+            taken = functools.partial(self.tap.record, request, group.key, group.members, weight, flat)
         if len(group.members) == 1:
             if contributed is not None:
                 contributed()  # alone: the fault point is reached all the same
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
-            return _NetworkPending(done, like)
-        # our own weight obeys the bound the others check, or they would drop our contribution
-        weight = min(request.weight, self.max_weight)
+            return _NetworkPending(done, like, taken)
         fut = self.transport.submit(
             butterfly_average(
                 self.transport, group, flat, weight, deadline, self.health, self._gone, contributed
             )
         )
-        return _NetworkPending(fut, like)
+        return _NetworkPending(fut, like, taken)
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         return self.start(tensors, request).result(request.timeout_s + 1.0)

@@ -143,6 +143,9 @@ class Transport:
         self.mailbox = Mailbox()
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.messages_sent = 0
+        """Exchange messages delivered (payload-free ones too, which `bytes_sent` does not show)."""
+        self.messages_received = 0
         self._last_heard: dict[str, float] = {}
         """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
         self._loop = asyncio.new_event_loop()
@@ -174,6 +177,7 @@ class Transport:
             await P2P.send_raw_data(payload, writer)
             await reader.read(1)  # the receiver closes after reading: delivery, not just buffering
             self.bytes_sent += len(payload)
+            self.messages_sent += 1
             self._last_heard[peer_id] = time.monotonic()
         finally:
             writer.close()
@@ -200,6 +204,7 @@ class Transport:
             header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
             payload = await read_frame(reader, self.max_payload_bytes)
             self.bytes_received += len(payload)
+            self.messages_received += 1
             self._last_heard[sender] = time.monotonic()
             self.mailbox.put(f"{header['key']}|{sender}", Message(sender, header, payload))
         except (MessageError, asyncio.IncompleteReadError, ConnectionError) as exc:

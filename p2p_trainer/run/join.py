@@ -23,6 +23,7 @@ from p2p_trainer.logs import CONTEXT
 from p2p_trainer.net import records
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig, NetNode
+from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.state_sync import StateServer
@@ -37,9 +38,6 @@ from p2p_trainer.train.metrics import MetricsWriter, round_record
 from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
 from p2p_trainer.train.trainer import Peer, RoundMetrics
-
-logger = logging.getLogger(__name__)
-
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +79,8 @@ class JoinOptions:
     downloads the swarm's state; 0 never does."""
     snapshot_every: int = 0
     """Save φ to run_dir/snapshots every this many rounds (0: never), for evaluation after the run."""
+    record_exchanges: Path | None = None
+    """Test tool: write every exchange's contribution and result here (`net/exchange_tap.py`)."""
 
 
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
@@ -169,8 +169,16 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
     # (constant work per round, §6). Anything above is more than a peer could have processed.
     view.hear_from(transport.heard_within)  # exchanges are evidence of life too (swarm_view.py)
     faults = FaultInjector(opts.kill_self_at)
+    tap = open_tap(opts.record_exchanges, node.peer_id)
+    leave.callback(lambda: tap.close(TransportCounters.of(transport)))  # before the transport closes
     exchange = NetworkExchange(
-        transport, view.live_peers, run_id, cfg.seed, max_weight=4.0 * tokens_per_round, faults=faults
+        transport,
+        view.live_peers,
+        run_id,
+        cfg.seed,
+        max_weight=4.0 * tokens_per_round,
+        faults=faults,
+        tap=tap,
     )
     peer = Peer(
         cfg,

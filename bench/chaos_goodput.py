@@ -53,12 +53,12 @@ from p2p_trainer.lab.chaos.report import peer_summary
 from p2p_trainer.lab.chaos.runner import run_scenario
 from p2p_trainer.lab.chaos.timeline import ChaosScenario, Event
 from p2p_trainer.round_log import RunLog, read_log
-from p2p_trainer.run.local_swarm import LocalOptions
+from p2p_trainer.run.launcher import LocalOptions
 from p2p_trainer.train.checkpoint import atomic_write_text
 
 RECOVER_RATIO = 2.23
 
-logger = logging.getLogger("chaos_goodput")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, to_toml
-from p2p_trainer.run.local_swarm import LocalOptions, run_local
+from p2p_trainer.run.launcher import LocalOptions
+from p2p_trainer.run.local_swarm import run_local
 from p2p_trainer.run.threads import run_inprocess
 from p2p_trainer.train.checkpoint import atomic_write_text
 

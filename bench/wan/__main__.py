@@ -27,14 +27,14 @@ from typing import Any
 import torch
 
 from bench.wan.analysis import Evaluator, add_exchange_bytes, loss_curve, median, run_stats
-from bench.wan.calibration import calibrate, sim_comparison
-from bench.wan.report import markdown, plots
 from bench.wan.runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_config
+from bench.wan.sim_check import calibrate, sim_comparison
+from bench.wan.tables import markdown, plots
 from bench.wan.targets import sanity, seed_comparison, targets
 from p2p_trainer.config import load_config
 from p2p_trainer.lab.testbed import support_problem
 
-logger = logging.getLogger("wan_bench")
+logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TOTAL_STEPS = 400
 """Inner steps each peer is scheduled for (warm-up, then cosine to 0.1×): docs/algorithms.md's reference

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from p2p_trainer.net.dht import DHTCallTimeout, DHTConfig, NetNode, start_node
-from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_IDENTITY as DEFAULT_IDENTITY_PATH
-from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_PORT as DEFAULT_PORT
+from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_IDENTITY, DEFAULT_BOOTSTRAP_PORT
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +24,9 @@ class BootstrapConfig:
     """A bootstrap node: its DHT node settings and how often it reports its status."""
 
     dht: DHTConfig = field(
-        default_factory=lambda: DHTConfig(identity_path=DEFAULT_IDENTITY_PATH, port=DEFAULT_PORT)
+        default_factory=lambda: DHTConfig(
+            identity_path=DEFAULT_BOOTSTRAP_IDENTITY, port=DEFAULT_BOOTSTRAP_PORT
+        )
     )
     """Listen/announce addresses, identity and the other bootstrap nodes to join (initial peers)."""
     status_interval_s: float = 60.0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "p2p_trainer"
+BENCH = ROOT / "bench"
 SHARED_BASENAMES = {"__init__.py", "__main__.py"}
 
 
@@ -66,18 +67,24 @@ def sys_path_edits(files: Iterable[Path]) -> list[str]:
     return sorted(found)
 
 
+def package_and_bench_files() -> list[Path]:
+    """The product and the benches together: a bench module is imported and grepped like the rest."""
+    return python_files(PACKAGE) + python_files(BENCH)
+
+
 def test_no_two_modules_share_a_basename() -> None:
-    files = python_files(PACKAGE)
-    assert len(files) > 50
+    files = package_and_bench_files()
+    assert len(python_files(PACKAGE)) > 50
+    assert len(python_files(BENCH)) > 5
     assert duplicate_basenames(files) == {}
 
 
 def test_no_two_classes_share_a_name() -> None:
-    assert duplicate_classes(python_files(PACKAGE)) == {}
+    assert duplicate_classes(package_and_bench_files()) == {}
 
 
 def test_no_sys_path_edits_in_benches_or_tests() -> None:
-    files = python_files(ROOT / "bench") + python_files(ROOT / "tests")
+    files = python_files(BENCH) + python_files(ROOT / "tests")
     assert sys_path_edits(files) == []
 
 

@@ -23,7 +23,7 @@ from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node, TestbedChaosSwarm
 from p2p_trainer.lab.chaos.report import peer_summary, tokens_per_round
 from p2p_trainer.lab.chaos.timeline import ChaosScenario
 from p2p_trainer.round_log import read_log
-from p2p_trainer.run.local_swarm import LocalOptions
+from p2p_trainer.run.launcher import LocalOptions
 from p2p_trainer.train.checkpoint import atomic_write_text
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from bench.wan.runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_con
 from p2p_trainer.config import RunConfig
 from p2p_trainer.round_log import read_log
 
-logger = logging.getLogger("wan_bench")
+logger = logging.getLogger(__name__)
 CALIBRATION = (
     Variant("calib-diloco", "diloco", CANONICAL),
     Variant("calib-mix1", "factored", {"mix2_rounds": 0}),

@@ -240,7 +240,9 @@ class RoundRecord(_Line):
     live_peers: int = 0
     """Training peers this one counted when it sized its share (0 where not counted)."""
     skipped_steps: int = 0
-    """Inner steps left out because the peer adopted a state mid-round."""
+    """Inner steps of the round this peer did not run in it: left out because it adopted a state
+    mid-round or aligned its round start with the swarm's, or done before a mid-round stop (and
+    not redone when the round resumed)."""
     bytes_sent: int = 0
     bytes_received: int = 0
     exchanges: tuple[ExchangeRecord, ...] = ()

@@ -6,10 +6,11 @@
 Configured the way its users run it (HIVEMIND_NOTES.md): local updates (`use_local_updates=True`,
 each peer's AdamW steps on its own gradients) and parameter averaging whenever the swarm has
 processed `target_batch_size = peers * H * batch_size` samples, i.e. about every H local steps,
-blocking (`delay_state_averaging=False`; the background mode measured worse). Chunk timeouts are
-set for a slow link, as the notes advise. Same inner optimizer, schedule, clipping, model, data and
-seed as `p2p-trainer join`; writes the same metrics.jsonl records (one per averaging epoch) and
-snapshots, so wan_bench.py treats it like any other method. Bytes come from the interface counters.
+blocking (`delay_state_averaging=False`: of hivemind's two modes, the one that trains better on
+the bench's links, so the baseline is compared at its best). Chunk timeouts are set for a slow
+link, as the notes advise. Same inner optimizer, schedule, clipping, model, data and seed as
+`p2p-trainer join`; writes the same metrics.jsonl records (one per averaging epoch) and snapshots,
+so `python -m bench.wan` treats it like any other method. Bytes come from the interface counters.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
 from p2p_trainer.train.trainer import lr_factor
 
-logger = logging.getLogger("hivemind_optimizer_peer")
+logger = logging.getLogger(__name__)
 
 
 def parse_args() -> argparse.Namespace:

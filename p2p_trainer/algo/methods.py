@@ -230,8 +230,8 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         # Mix1 runs behind the inner steps, so waiting for a partner's contribution costs no compute
         # until the round ends: its part owners wait for the whole round plus Mix1's grace, not the
         # blocking window of §4. That window shrinks to grace_min_s once a long Mix2 has been timed,
-        # shorter than a half-model transfer at WAN rates: in the idle WAN bench, Mix1 then failed
-        # in 11-15 of 16 rounds after the first Mix2.
+        # shorter than a half-model transfer at WAN rates, so Mix1 would then fail almost every
+        # round (numbers in bench/RESULTS.md, "round alignment and Mix1's wait").
         behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
         wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))

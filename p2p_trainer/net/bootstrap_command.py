@@ -1,4 +1,4 @@
-"""`p2p-trainer bootstrap`: the click command (the lead's CLI registers `bootstrap`).
+"""`p2p-trainer bootstrap`: the click command (cli.py registers it on the `p2p-trainer` group).
 
 hivemind is imported inside the command, so `p2p-trainer --help` does not load it (nor torch).
 """

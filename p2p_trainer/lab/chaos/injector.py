@@ -20,7 +20,7 @@ from p2p_trainer.round_log import RoundRecord, read_log
 logger = logging.getLogger(__name__)
 
 DOWNLOAD_MARK = "swarm on arrival"
-"""The line a (re)starting peer logs right before it downloads the swarm's state (node.py)."""
+"""The line a (re)starting peer logs right before it downloads the swarm's state (run/entry_paths.py)."""
 SERVE_MARK = "serving round-"
 """The line a donor logs right before it sends its state (net/state_sync.py)."""
 

@@ -23,7 +23,7 @@ ALLREDUCES: tuple[str, ...] = get_args(AllReduce)
 """All-reduce latency models (latency.py)."""
 
 METHODS = ("sync_dp", "elastic_dp", "diloco", "decoupled", "noloco", "gossip")
-"""Every simulated method, in report order (see methods.py)."""
+"""Every simulated method, in report order (see timing.py)."""
 
 
 class ScenarioError(ValueError):

@@ -38,7 +38,7 @@ class MethodResult:
 
     method: str
     goodput: float
-    """Useful work / work the hardware could have done at its own speeds (swarm.py)."""
+    """Useful work / work the hardware could have done at its own speeds (sampled.py)."""
     utilisation: float
     """Fraction of chip-time spent in steps."""
     uptime: float

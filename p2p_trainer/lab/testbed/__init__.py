@@ -10,7 +10,7 @@ delay line; processes run CPU-capped in a cgroup per host, single-threaded by en
 
     hosts = (HostSpec("boot", cpu_cores=None), HostSpec("p0", up_rate_mbit=5, down_rate_mbit=20))
     with Testbed(TestbedConfig(hosts=hosts)) as tb:
-        proc = tb.run("p0", [sys.executable, "-m", "p2p_trainer.cli", "join", ...])
+        proc = tb.run("p0", [sys.executable, "-m", "p2p_trainer", "join", ...])
         tb.set_rate("p0", 1.0, 1.0); tb.cut("p0"); tb.heal("p0")      # faults on the link
         tb.stall(proc.pid); tb.resume(proc.pid); tb.kill(proc.pid)      # faults on the process
         tb.counters("p0").tx_bytes                                      # bytes on the wire

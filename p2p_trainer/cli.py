@@ -8,6 +8,7 @@ command's `--help`) answers without loading them. A run stopped by SIGINT or SIG
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -30,9 +31,6 @@ from p2p_trainer.net.signals import install_stop_handlers
 
 if TYPE_CHECKING:
     from p2p_trainer.fault_points import FaultPoint
-
-INTERRUPTED = 130
-"""Exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it."""
 
 
 def resolve_config(
@@ -195,6 +193,8 @@ def join(
     )
     try:
         code = run_peer(opts, stop)
+    except InterruptedError:  # stopped while still entering the swarm: nothing to save yet
+        sys.exit(128 + (stopped_by() or signal.SIGINT))
     except (
         AddressError,
         IdentityError,
@@ -242,13 +242,16 @@ def local(
     opts = LocalOptions(
         config_path=config_path, run=cfg, peers=peers, run_dir=out, max_minutes=minutes, torch_threads=threads
     )
+    stop = threading.Event()
+    stopped_by = install_stop_handlers(stop)
     try:
-        summary = run_local(opts, show=not no_live)
+        summary = run_local(opts, show=not no_live, stop=stop)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     _echo_local_summary(summary, peers, out)
-    if summary["interrupted"]:
-        sys.exit(INTERRUPTED)
+    signum = stopped_by()
+    if signum is not None:
+        sys.exit(128 + signum)
 
 
 def _echo_local_summary(summary: dict[str, Any], peers: int, out: Path) -> None:
@@ -323,17 +326,20 @@ def inprocess(
     from p2p_trainer.train.data import DataError
 
     cfg = resolve_config(config, method, rounds, seed)
+    stop = threading.Event()
+    stopped_by = install_stop_handlers(stop)
     try:
-        result = run_inprocess(cfg, peers)
+        result = run_inprocess(cfg, peers, stop=stop)
     except DataError as exc:
         raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
-        sys.exit(INTERRUPTED)
     click.echo(
         f"method {cfg.outer.method}: validation loss per peer "
         f"{', '.join(f'{v:.3f}' for v in result.val_loss)}; averaged model {result.mean_model_val_loss:.3f}; "
         f"consensus distance {result.consensus_distance:.4f}; failed exchanges {result.failed_exchanges}"
     )
+    signum = stopped_by()
+    if signum is not None:
+        sys.exit(128 + signum)
 
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -44,8 +44,9 @@ class WorkQuota:
     def enabled(self) -> bool:
         return self.total_micro_batches > 0 and self.live_peers is not None
 
-    def begin_round(self) -> None:
-        self.done = 0
+    def begin_round(self, done: int = 0) -> None:
+        """A new round; `done` micro-batches of it were done before (a round resumed mid-way)."""
+        self.done = done
 
     def next_step(self, step_in_round: int) -> int:
         """Micro-batches for inner step `step_in_round` (0 … H−1) of this round."""

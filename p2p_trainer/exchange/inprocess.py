@@ -47,9 +47,10 @@ class InProcessSwarm:
         return InProcessExchange(self, peer_index)
 
     def leave(self, peer_index: int) -> None:
-        """Mark a peer dead: later groups are formed without it."""
+        """Mark a peer dead: later groups are formed without it, and groups waiting for it fail now."""
         with self._cond:
             self.live.discard(self.names[peer_index])
+            self._cond.notify_all()
 
     def _post(self, name: str, tensors: list[torch.Tensor], request: ExchangeRequest) -> tuple[_Key, int]:
         key: _Key = (request.tag, request.round, request.gossip_step)
@@ -102,9 +103,12 @@ class InProcessSwarm:
                     if slot.fetched >= set(slot.members):
                         del self._slots[slot_key]
                     return slot.result
+                missing = sorted(set(slot.members) - slot.arrived)
+                gone = [m for m in missing if m not in self.live]
+                if gone:
+                    return Failed(f"{', '.join(gone)} left before contributing")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    missing = sorted(set(slot.members) - slot.arrived)
                     return Failed(f"timed out waiting for {', '.join(missing)}")
                 self._cond.wait(remaining)
 

@@ -151,10 +151,17 @@ def plot_val_loss(run_dir: Path, peers: int, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def run_local(opts: LocalOptions, show: bool = True) -> dict[str, Any]:
+def run_local(opts: LocalOptions, show: bool = True, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run the swarm until its peers finish, the time bound passes or `stop` is set.
+
+    Without `stop`, SIGINT and SIGTERM set one of its own for the duration (a caller that passes
+    `stop` owns the signal handlers, e.g. to know which signal ended the run).
+    """
     opts.run_dir.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {}
+    if stop is None:
+        own = stop = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: own.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     swarm = LocalSwarm(opts)
     try:

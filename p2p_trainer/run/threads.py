@@ -30,7 +30,11 @@ class InProcessResult:
     failed_exchanges: int
 
 
-def run_inprocess(cfg: RunConfig, num_peers: int, torch_threads: int = 1) -> InProcessResult:
+def run_inprocess(
+    cfg: RunConfig, num_peers: int, torch_threads: int = 1, stop: threading.Event | None = None
+) -> InProcessResult:
+    """Train every peer for `cfg.rounds` rounds, or until `stop` is set (checked between inner steps)."""
+    stop = stop or threading.Event()
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
     swarm = InProcessSwarm(num_peers, cfg.seed)
     peers = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"peer{i}") for i in range(num_peers)]
@@ -40,10 +44,17 @@ def run_inprocess(cfg: RunConfig, num_peers: int, torch_threads: int = 1) -> InP
 
     def work(i: int) -> None:
         try:
-            history[i] = peers[i].train(cfg.rounds)
+            for _ in range(cfg.rounds):
+                m = peers[i].run_round_until(stop.is_set)
+                if m is None:
+                    break
+                history[i].append(m)
         except BaseException as exc:  # surfaced to the caller below, not swallowed
             errors.append(exc)
-            swarm.leave(i)
+        finally:
+            # a peer that stops early must not keep the others waiting in a blocking exchange
+            if errors or stop.is_set():
+                swarm.leave(i)
 
     threads = [threading.Thread(target=work, args=(i,), name=f"peer{i}") for i in range(num_peers)]
     for t in threads:

@@ -65,6 +65,7 @@ def save_checkpoint(peer: Peer, path: str | Path) -> str:
         "round": peer.state.round,
         "step": peer.step,
         "skip_steps": peer.skip_steps,  # a peer stopped mid-round resumes it there
+        "work_done": peer.work_done,  # ... with the part of its work quota it has done
         "tokens": peer.tokens,
         "tokens_since_merge": peer.tokens_since_merge,
         "data_position": peer.stream.position,
@@ -119,7 +120,7 @@ def load_checkpoint(peer: Peer, path: str | Path) -> str:
     peer.state.anchor = [tensors[f"phi.{i}"].to(peer.device) for i in range(n)]
     peer.state.momentum = [tensors[f"m.{i}"].to(peer.device) for i in range(n)]
     peer.state.round, peer.step, peer.tokens = meta["round"], meta["step"], meta["tokens"]
-    peer.skip_steps = meta.get("skip_steps", 0)
+    peer.skip_steps, peer.work_done = meta.get("skip_steps", 0), meta.get("work_done", 0)
     peer.tokens_since_merge, peer.stream.position = meta["tokens_since_merge"], meta["data_position"]
     peer.scheduler.load_state_dict(meta["scheduler"])
     for group, lr in zip(peer.optimizer.param_groups, meta["lrs"], strict=True):

@@ -95,6 +95,9 @@ class Peer:
         """Inner steps the next round leaves out: a peer that adopted a donor's state mid-round
         (late join, rejoin) ends its first round with the donor instead of a part-round later, and
         a peer stopped mid-round (`run_round_until`) has done them already."""
+        self.work_done = 0
+        """Micro-batches of this round's work quota (§6) already done by a peer stopped mid-round,
+        so that its resumed round does not do them again."""
         self.tokens = 0
         self.tokens_since_merge = 0
         # the work split is among swarm ids (peer ids), which the data key need not be
@@ -119,12 +122,12 @@ class Peer:
         report = RoundReport(self.state.round)
         self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
         tokens_before = self.tokens
-        self.work.begin_round()
+        self.work.begin_round(done=self.work_done)
         losses = []
-        first, self.skip_steps = self.skip_steps, 0
+        first, self.skip_steps, self.work_done = self.skip_steps, 0, 0
         for s in range(first, self.cfg.outer.num_inner_steps):
             if should_stop():
-                self.skip_steps = s
+                self.skip_steps, self.work_done = s, self.work.done
                 logger.info("stopped in round %d after %d of its inner steps", self.state.round, s)
                 return None
             if s == self.cfg.outer.num_inner_steps // 2:
@@ -226,7 +229,7 @@ def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:
     with torch.no_grad():
         for p, a in zip(peer.params, state.anchor, strict=True):
             p.copy_(a)
-    peer.skip_steps = skip_steps
+    peer.skip_steps, peer.work_done = skip_steps, 0
     peer.step = state.round * h + skip_steps
     inner = peer.cfg.inner
     peer.scheduler.last_epoch = peer.step

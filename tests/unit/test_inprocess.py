@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import torch
 
 from p2p_trainer.algo.groups import group_seed, partition
+from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.run.threads import run_inprocess
 
 
 def _run_all(n: int, fn: Callable[[int], ExchangeResult]) -> list[ExchangeResult]:
@@ -120,3 +123,29 @@ def test_dead_peer_is_left_out_of_later_groups() -> None:
     )
     for r in results:
         assert isinstance(r, Ok) and r.group_size == 2
+
+
+def test_a_member_that_leaves_fails_its_group_at_once_not_at_the_timeout() -> None:
+    swarm = InProcessSwarm(2, seed=0)
+    pending = swarm.exchange(0).start([torch.ones(3)], ExchangeRequest("t", 0, ALL, 1.0, timeout_s=60.0))
+    threading.Timer(0.2, swarm.leave, args=(1,)).start()
+    started = time.monotonic()
+    res = pending.result(60.0)
+    assert isinstance(res, Failed) and "left" in res.reason
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_stop_request_ends_an_inprocess_run_between_inner_steps() -> None:
+    cfg = RunConfig(
+        rounds=1000,
+        model=ModelConfig(d_model=16, n_layers=1, n_heads=2, seq_len=16),
+        data=DataConfig(batch_size=2, val_batches=1),
+        inner=InnerConfig(eval_every=0, warmup_steps=1),
+        outer=OuterConfig(method="diloco", num_inner_steps=50),
+    )
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    started = time.monotonic()
+    result = run_inprocess(cfg, 3, stop=stop)
+    assert time.monotonic() - started < 30.0  # 1000 rounds would take many minutes
+    assert len(result.val_loss) == 3 and all(0 < v < 7 for v in result.val_loss)

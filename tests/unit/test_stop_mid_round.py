@@ -29,16 +29,20 @@ from p2p_trainer.train.data import load_corpus
 from p2p_trainer.train.trainer import Peer
 
 
-def _peer(h: int, faults: FaultInjector = NO_FAULTS) -> Peer:
+def _peer(h: int, faults: FaultInjector = NO_FAULTS, target_tokens_per_round: int = 0) -> Peer:
     cfg = RunConfig(
         rounds=3,
         model=ModelConfig(d_model=16, n_layers=1, n_heads=2, seq_len=16),
         data=DataConfig(batch_size=2, val_batches=1),
         inner=InnerConfig(eval_every=0, warmup_steps=1),
-        outer=OuterConfig.for_method("diloco", num_inner_steps=h),
+        outer=OuterConfig.for_method(
+            "diloco", num_inner_steps=h, target_tokens_per_round=target_tokens_per_round
+        ),
     )
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
-    return Peer(cfg, InProcessSwarm(1, seed=0).exchange(0), corpus, peer_key="p0", faults=faults)
+    live = (lambda: ["p0"]) if target_tokens_per_round else None
+    exchange = InProcessSwarm(1, seed=0).exchange(0)
+    return Peer(cfg, exchange, corpus, peer_key="p0", faults=faults, live_peers=live)
 
 
 def _deadline(after_s: float) -> Callable[[], bool]:
@@ -87,6 +91,20 @@ def test_a_round_stopped_mid_way_resumes_from_its_checkpoint_where_it_stopped(tm
     assert m.skipped_steps == 4 and resumed.step == whole.step == h and resumed.state.round == 1
     for a, b in zip(whole.state.anchor, resumed.state.anchor, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_resumed_round_does_only_the_rest_of_its_work_quota(tmp_path: Path) -> None:
+    h, target = 4, 20 * 2 * 16  # 20 micro-batches of 2 x 16 tokens over 4 steps: 5 a step
+    whole = _peer(h, target_tokens_per_round=target)
+    assert whole.run_round().round_tokens == target
+    stopped = _peer(h, target_tokens_per_round=target)
+    assert stopped.run_round_until(lambda: stopped.step >= 2) is None
+    done = stopped.tokens
+    save_checkpoint(stopped, tmp_path / "ckpt.safetensors")
+    resumed = _peer(h, target_tokens_per_round=target)
+    load_checkpoint(resumed, tmp_path / "ckpt.safetensors")
+    resumed.run_round()
+    assert 0 < done < target and resumed.tokens == whole.tokens == target
 
 
 class _Recording(FaultInjector):

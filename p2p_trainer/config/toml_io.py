@@ -24,6 +24,20 @@ SECTIONS: dict[str, type] = {
 }
 """RunConfig's tables, in the order `to_toml` writes them."""
 
+MOVED_TO_EXCHANGE: dict[str, str] = {
+    "exchange_timeout_s": "timeout_s",
+    "quorum_fraction": "quorum_fraction",
+    "quorum_wait_max_s": "quorum_wait_max_s",
+    "grace_overlap_steps": "grace_overlap_steps",
+    "grace_gamma": "grace_gamma",
+    "grace_min_s": "grace_min_s",
+    "grace_max_s": "grace_max_s",
+    "mix1_grace_s": "mix1_grace_s",
+    "wire_dtype": "wire_dtype",
+}
+"""[outer] keys of configs written before the [exchange] table existed, and their names there: the
+error for such a file says where each key went instead of only listing what [outer] allows."""
+
 
 def config_from_dict(raw: dict[str, Any], where: str = "config") -> RunConfig:
     """Build a RunConfig from nested dicts; unknown keys are errors naming the allowed ones."""
@@ -45,11 +59,27 @@ def config_from_dict(raw: dict[str, Any], where: str = "config") -> RunConfig:
 def _section(cls: type, values: dict[str, Any], where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values) - names
-    require(not unknown, f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(sorted(names))}")
+    hint = _moved_keys_hint(unknown) if cls is OuterConfig else ""
+    require(
+        not unknown, f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(sorted(names))}{hint}"
+    )
     try:
         return cls(**values)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _moved_keys_hint(unknown: set[str]) -> str:
+    """Where the old [outer] exchange keys among `unknown` live now ("" when there are none)."""
+    moved = [
+        f"{key} -> [exchange] {MOVED_TO_EXCHANGE[key]}" for key in sorted(unknown) if key in MOVED_TO_EXCHANGE
+    ]
+    notes = [f"; moved to the [exchange] table: {', '.join(moved)}"] if moved else []
+    if "pause_bound_s" in unknown:
+        notes.append(
+            "; pause_bound_s is not set: it follows from [exchange] timeout_s, quorum_wait_max_s and grace_max_s"
+        )
+    return "".join(notes)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

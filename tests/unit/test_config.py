@@ -25,6 +25,7 @@ from p2p_trainer.config import (
     load_config,
     to_toml,
 )
+from p2p_trainer.config.toml_io import MOVED_TO_EXCHANGE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,18 +40,23 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_python_toml_and_flags_give_the_same_config(method: str, tmp_path: Path) -> None:
     python = RunConfig(
         rounds=3,
+        seed=5,
         outer=OuterConfig(method=method, mix2_rounds=2),  # type: ignore[arg-type]
         exchange=ExchangeConfig(timeout_s=9.0),
     )
     in_file = _write(
-        tmp_path, f'rounds = 3\n[outer]\nmethod = "{method}"\nmix2_rounds = 2\n[exchange]\ntimeout_s = 9\n'
+        tmp_path,
+        f'rounds = 3\nseed = 5\n[outer]\nmethod = "{method}"\nmix2_rounds = 2\n[exchange]\ntimeout_s = 9\n',
     )
     assert load_config(in_file) == python
-    # the same file without a method, and the method given as a flag
+    # the same file without a method, rounds or seed (so the defaults, 8 and 0, would differ), and
+    # those three given as flags
     no_method = tmp_path / "no_method.toml"
-    no_method.write_text("rounds = 3\n[outer]\nmix2_rounds = 2\n[exchange]\ntimeout_s = 9\n")
-    assert resolve_config(str(no_method), method) == python
-    shown = CliRunner().invoke(main, ["config", "--config", str(no_method), "--method", method])
+    no_method.write_text("[outer]\nmix2_rounds = 2\n[exchange]\ntimeout_s = 9\n")
+    assert load_config(no_method).rounds != 3 and load_config(no_method).seed != 5
+    assert resolve_config(str(no_method), method, rounds=3, seed=5) == python
+    flags = ["--method", method, "--rounds", "3", "--seed", "5"]
+    shown = CliRunner().invoke(main, ["config", "--config", str(no_method), *flags])
     assert shown.exit_code == 0, shown.output
     assert config_from_dict(tomllib.loads(shown.output)) == python
     assert shown.output == to_toml(python)
@@ -159,6 +165,25 @@ def test_unknown_keys_and_sections_are_refused() -> None:
         config_from_dict({"outer": {"exchange_timeout_s": 5.0}})
     with pytest.raises(ConfigError, match="unknown key 'net'"):
         config_from_dict({"net": {}})
+
+
+def test_old_outer_exchange_keys_say_where_they_moved() -> None:
+    with pytest.raises(ConfigError, match=r"exchange_timeout_s -> \[exchange\] timeout_s"):
+        config_from_dict({"outer": {"exchange_timeout_s": 5.0}})
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"outer": {"method": "diloco", "quorum_fraction": 1.0, "grace_min_s": 0.5}})
+    assert "moved to the [exchange] table: grace_min_s -> [exchange] grace_min_s, quorum_fraction" in str(
+        caught.value
+    )
+    with pytest.raises(ConfigError, match=r"pause_bound_s is not set: it follows from \[exchange\]"):
+        config_from_dict({"outer": {"pause_bound_s": 30.0}})
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"exchange": {"exchange_timeout_s": 5.0}})
+    assert "moved" not in str(caught.value)  # only [outer] keys of the old layout get the hint
+    # every new name is a real [exchange] key, and each one loads there with its old value
+    exchange_fields = {f.name for f in dataclasses.fields(ExchangeConfig)}
+    assert set(MOVED_TO_EXCHANGE.values()) <= exchange_fields
+    assert config_from_dict({"exchange": {"timeout_s": 5.0}}).exchange.timeout_s == 5.0
 
 
 def test_pause_bound_comes_from_the_exchange_section() -> None:

@@ -46,6 +46,17 @@ def validate_initial_peers(values: list[str] | tuple[str, ...]) -> list[str]:
     return [validate_initial_peer(value) for value in values]
 
 
+def unreachable_message(initial_peers: tuple[str, ...], attempts: int, last_error: str) -> str:
+    """Why no initial peer answered, and what to check: the address, the firewall, NAT."""
+    return (
+        f"none of the initial peers answered after {attempts} attempt(s): {', '.join(initial_peers)} "
+        f"(last error: {last_error}). Check that a bootstrap node is running and that these are the "
+        f"exact addresses its `p2p-trainer bootstrap` printed (the /p2p/ peer id changes if its identity "
+        f"file changed); that its TCP port is open in firewalls between the machines; and, if it runs "
+        f"behind NAT or in a container, that it was started with --announce-host"
+    )
+
+
 def _ip_protocol(host: str, option: str) -> str:
     try:
         return "ip6" if ipaddress.ip_address(host).version == 6 else "ip4"

@@ -32,6 +32,7 @@ from p2p_trainer.net.addresses import (
     check_announce_host,
     free_port,
     host_maddr,
+    unreachable_message,
     validate_initial_peers,
 )
 from p2p_trainer.net.identity import (
@@ -83,21 +84,6 @@ class DHTConfig:
     shutdown_timeout_s: float = 5.0
     call_timeout_s: float = 30.0
     """Upper bound on one DHT call (store, get); past it the call raises `DHTCallTimeout`."""
-
-
-def _next_backoff(config: DHTConfig, attempt: int) -> float:
-    return float(min(config.backoff_max_s, config.backoff_initial_s * 2**attempt))
-
-
-def _unreachable_message(config: DHTConfig, last_error: str) -> str:
-    tried = ", ".join(config.initial_peers)
-    return (
-        f"none of the initial peers answered after {config.connect_attempts} attempt(s): {tried} "
-        f"(last error: {last_error}). Check that a bootstrap node is running and that these are the "
-        f"exact addresses its `p2p-trainer bootstrap` printed (the /p2p/ peer id changes if its identity "
-        f"file changed); that its TCP port is open in firewalls between the machines; and, if it runs "
-        f"behind NAT or in a container, that it was started with --announce-host"
-    )
 
 
 def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], timeout_s: float) -> None:
@@ -158,8 +144,10 @@ def _start_with_retries(
                 raise
             last_error = str(e).strip().splitlines()[-1]
             if attempt + 1 == config.connect_attempts:
-                raise InitialPeersUnreachable(_unreachable_message(config, last_error)) from None
-            delay_s = _next_backoff(config, attempt)
+                raise InitialPeersUnreachable(
+                    unreachable_message(config.initial_peers, config.connect_attempts, last_error)
+                ) from None
+            delay_s = float(min(config.backoff_max_s, config.backoff_initial_s * 2**attempt))
             logger.warning(
                 "no initial peer answered (attempt %d/%d: %s); retrying in %.1f s",
                 attempt + 1,

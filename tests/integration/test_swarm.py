@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from p2p_trainer.processes import group_gone, wait_all
+from p2p_trainer.run.launcher import JoinArgs, join_argv
 from p2p_trainer.train.checkpoint import read_anchor
 from tests.conftest import SwarmFactory, final_of, held_sockets, remaining, rounds_of, tiny_config, wait_until
 
@@ -92,26 +92,9 @@ def test_same_identity_twice_is_refused_and_sigint_stops_cleanly(
         children.append(swarm.start_peer(0))
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 1, 180), "peer0 did not start training"
         held = held_sockets([c.pid for c in children])
-        dup = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "p2p_trainer",
-                "join",
-                "--config",
-                str(opts.config_path),
-                *initial.split(),
-                "--identity",
-                str(tmp_path / "keys" / "peer0.key"),
-                "--host",
-                "127.0.0.1",
-                "--run-dir",
-                str(tmp_path / "dup"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        # peer0's own key, for a second peer with its own run directory
+        twin = JoinArgs(opts.config_path, identity=tmp_path / "keys" / "peer0.key", run_dir=tmp_path / "dup")
+        dup = subprocess.run(join_argv(twin, initial), capture_output=True, text=True, timeout=120)
         assert dup.returncode != 0 and "already used" in dup.stderr, dup.stderr[-2000:]
         assert children[1].alive(), "the original must keep running"
         assert children[1].stop(timeout_s=60) == 130  # SIGINT: checkpoint, final record, exit 130

@@ -13,6 +13,7 @@ from p2p_trainer.net.addresses import (
     check_announce_host,
     free_port,
     host_maddr,
+    unreachable_message,
     validate_initial_peer,
     validate_initial_peers,
 )
@@ -68,3 +69,11 @@ def test_a_free_port_can_be_bound_and_announced() -> None:
     assert 0 < port <= 65535 and announce_maddr("203.0.113.5", port) == f"/ip4/203.0.113.5/tcp/{port}"
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_the_unreachable_message_names_every_address_and_what_to_check() -> None:
+    first, second = f"/ip4/203.0.113.5/tcp/31337/p2p/{PEER}", f"/dns/boot.example/tcp/4000/p2p/{PEER}"
+    message = unreachable_message((first, second), 3, "timed out")
+    assert message.startswith(f"none of the initial peers answered after 3 attempt(s): {first}, {second} ")
+    assert "(last error: timed out)" in message
+    assert "firewalls" in message and "--announce-host" in message

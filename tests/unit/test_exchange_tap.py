@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import pytest
 import torch
@@ -20,8 +24,10 @@ from p2p_trainer.net.exchange_tap import (
     read_tapped,
 )
 from p2p_trainer.net.network_exchange import NetworkExchange
-from p2p_trainer.net.transport import Transport
-from tests.integration.tapped_groups import check_group, weighted_mean
+from p2p_trainer.net.transport import Mailbox, Message, Transport
+from tests.integration.tapped_groups import check_group, check_swarm, weighted_mean
+
+T = TypeVar("T")
 
 MEMBERS = ["peer-a", "peer-b", "peer-c"]
 
@@ -93,3 +99,54 @@ def test_group_check_accepts_the_weighted_mean_and_catches_others() -> None:
     del partial["peer-c"]  # merged everything, yet a member's contribution was never recorded
     with pytest.raises(AssertionError):
         check_group("k", partial)
+
+
+class LoopTransport:
+    """In-memory transport on one shared event loop: enough of `Transport` for `NetworkExchange`."""
+
+    def __init__(self, peer_id: str, net: dict[str, LoopTransport], loop: asyncio.AbstractEventLoop) -> None:
+        self.peer_id, self.net, self.loop = peer_id, net, loop
+        self.mailbox = Mailbox()
+
+    async def send(self, peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        await asyncio.sleep(0.001)
+        self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    loop.close()
+
+
+@pytest.mark.parametrize(("peers", "group_size", "groups"), [(3, 0, 1), (4, 2, 2)])
+def test_recorded_butterfly_exchanges_pass_the_group_check(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop, peers: int, group_size: int, groups: int
+) -> None:
+    ids = [f"peer{i}" for i in range(peers)]
+    net: dict[str, LoopTransport] = {}
+    for i in ids:
+        net[i] = LoopTransport(i, net, loop)
+    dirs = [tmp_path / i for i in ids]
+    exchanges = [
+        NetworkExchange(cast(Transport, net[i]), lambda: ids, "run", 0, tap=RecordingTap(d, i))
+        for i, d in zip(ids, dirs, strict=True)
+    ]
+    gen = torch.Generator().manual_seed(1)
+    tensors = [[torch.randn(7, 5, generator=gen), torch.randn(11, generator=gen)] for _ in ids]
+    pending = [
+        x.start(t, ExchangeRequest("noloco", 2, group_size, weight=100.0 + 28 * k, timeout_s=10.0))
+        for k, (x, t) in enumerate(zip(exchanges, tensors, strict=True))
+    ]
+    assert all(isinstance(p.result(10.0), Ok) for p in pending)
+    checked = check_swarm(dirs)
+    assert len(checked) == groups
+    assert all(c.weighted and c.moved and c.merged == len(c.weights) for c in checked)

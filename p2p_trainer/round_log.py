@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -368,3 +369,32 @@ def read_log(path: Path) -> RunLog:
     except FileNotFoundError:
         return RunLog()
     return parse_lines(text.splitlines(), str(path))
+
+
+class LogTail:
+    """Follows a metrics file that its writer keeps appending to: each `read()` parses only the
+    whole lines added since the last one. Pollers (the chaos runner and injector read the peers'
+    files many times a second) would otherwise parse a long run's whole file each time and take
+    CPU from the peers they watch. A file that was replaced or truncated is read again from its
+    start; a line still being written is left for the next read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._inode, self._offset, self._log = -1, 0, RunLog()
+
+    def read(self) -> RunLog:
+        try:
+            with self.path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_ino != self._inode or st.st_size < self._offset:
+                    self._inode, self._offset, self._log = st.st_ino, 0, RunLog()
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self._log
+        end = chunk.rfind(b"\n") + 1
+        if end:
+            new = parse_lines(chunk[:end].decode("utf-8", "replace").splitlines(), str(self.path))
+            self._log = RunLog(self._log.records + new.records, self._log.torn + new.torn)
+            self._offset += end
+        return self._log

@@ -13,6 +13,7 @@ from p2p_trainer.round_log import (
     ExchangeRecord,
     FinalRecord,
     LogRecord,
+    LogTail,
     RejoinRecord,
     ResumeRecord,
     RoundLogError,
@@ -160,3 +161,22 @@ def test_views_split_the_log_by_kind_and_by_life(tmp_path: Path) -> None:
     lives = log.lives()
     assert [len(life.starts) for life in lives] == [0, 1, 1]  # rounds before any start form a life
     assert [[r.round for r in life.rounds] for life in lives] == [[0], [0], [5]]
+
+
+def test_a_tail_reads_what_was_appended_as_the_whole_file_reads(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    tail = LogTail(path)
+    assert tail.read().records == ()  # not written yet
+    lines = [r.to_json() + "\n" for r in EVERY_KIND]
+    with path.open("a") as f:
+        f.write(lines[0] + lines[1][:20])  # a line still being written is not read yet
+        f.flush()
+        assert tail.read().records == (EVERY_KIND[0],)
+        f.write(lines[1][20:] + ROUND.to_json()[:57])  # then a writer killed mid-line
+        f.flush()
+        assert tail.read().records == tuple(EVERY_KIND[:2])
+        f.write(StartRecord("p", 2.0).to_json() + "\n" + lines[2])  # appended to the torn line
+    log = tail.read()
+    assert log == read_log(path) and log.records == (*EVERY_KIND[:2], ROUND) and log.torn == 1
+    path.write_text(lines[4])  # replaced (a new run in the same place): read from its start
+    assert tail.read().records == (EVERY_KIND[4],)

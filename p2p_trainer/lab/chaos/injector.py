@@ -15,7 +15,7 @@ from typing import Any
 
 from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node
 from p2p_trainer.lab.chaos.timeline import Event
-from p2p_trainer.round_log import RoundRecord, read_log
+from p2p_trainer.round_log import LogTail, RoundRecord, RunLog
 
 logger = logging.getLogger(__name__)
 
@@ -39,23 +39,21 @@ class Applied:
         return asdict(self)
 
 
-_ROUNDS_READ: dict[Path, tuple[tuple[int, int], list[RoundRecord]]] = {}
-"""Per metrics file: its (size, mtime) when last parsed, and its round records then."""
+_TAILS: dict[Path, LogTail] = {}
+"""One follower per metrics file: phase waits poll a peer's file every 20 ms."""
+
+
+def follow_log(run_dir: Path, i: int) -> RunLog:
+    """Peer i's records so far, parsing only what was appended since the last call."""
+    path = run_dir / f"peer{i}" / "metrics.jsonl"
+    tail = _TAILS.get(path)
+    if tail is None:
+        tail = _TAILS[path] = LogTail(path)
+    return tail.read()
 
 
 def _round_records(run_dir: Path, i: int) -> list[RoundRecord]:
-    """Peer i's round records; the file is parsed again only once it changed (phase waits poll it
-    every 20 ms, and parsing a long run's file that often would take CPU from the peers)."""
-    path = run_dir / f"peer{i}" / "metrics.jsonl"
-    try:
-        st = path.stat()
-        stamp = (st.st_size, st.st_mtime_ns)
-    except FileNotFoundError:
-        stamp = (0, 0)
-    cached = _ROUNDS_READ.get(path)
-    if cached is None or cached[0] != stamp:
-        cached = _ROUNDS_READ[path] = (stamp, read_log(path).rounds)
-    return cached[1]
+    return follow_log(run_dir, i).rounds
 
 
 class Injector:

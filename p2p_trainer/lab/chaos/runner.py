@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from p2p_trainer.config import to_toml
-from p2p_trainer.lab.chaos.injector import Injector
+from p2p_trainer.lab.chaos.injector import Injector, follow_log
 from p2p_trainer.lab.chaos.nodes import ChaosSwarm, Node, TestbedChaosSwarm
 from p2p_trainer.lab.chaos.report import peer_summary, tokens_per_round
 from p2p_trainer.lab.chaos.timeline import ChaosScenario
-from p2p_trainer.round_log import read_log
 from p2p_trainer.run.launcher import LocalOptions
 from p2p_trainer.train.checkpoint import atomic_write_text
 
@@ -30,16 +29,12 @@ logger = logging.getLogger(__name__)
 
 
 def _first_round_seen(run_dir: Path, peers: int) -> bool:
-    return any(read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds for i in range(peers))
+    return any(follow_log(run_dir, i).rounds for i in range(peers))
 
 
 def _someone_finished(run_dir: Path, peers: int, rounds: int) -> bool:
     """A peer finished all rounds: the run is over (a peer restarted now would find no donor)."""
-    return any(
-        f.round >= rounds
-        for i in range(peers)
-        for f in read_log(run_dir / f"peer{i}" / "metrics.jsonl").finals
-    )
+    return any(f.round >= rounds for i in range(peers) for f in follow_log(run_dir, i).finals)
 
 
 def _wait(until: float, stop: threading.Event, nodes: dict[int, Node], done: Callable[[], bool]) -> bool:

@@ -9,8 +9,10 @@ workers), which is how the testbed finds and kills them without ever matching pr
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+REMOVE_WAIT_S = 5.0
+"""How long removing a group waits for its last (already killed) members to be reaped."""
 
 
 @dataclass(frozen=True)
@@ -102,4 +106,14 @@ class CpuCgroup:
             return
         for child in sorted(p for p in self.path.iterdir() if p.is_dir()):
             CpuCgroup(self.layout, str(child.relative_to(self.layout.root))).remove()
-        self.path.rmdir()
+        # A killed process whose parent had exited stays a member until init reaps it (a zombie
+        # counts as gone for our waits); on a busy machine that can take a moment.
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except OSError as err:
+                if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)

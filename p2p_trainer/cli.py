@@ -230,7 +230,8 @@ def local(
     import os
     import time
 
-    from p2p_trainer.run.local_swarm import LocalOptions, run_local
+    from p2p_trainer.run.launcher import LocalOptions
+    from p2p_trainer.run.local_swarm import run_local
     from p2p_trainer.train.checkpoint import atomic_write_text
 
     cfg = resolve_config(config, method, rounds, seed)

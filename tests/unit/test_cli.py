@@ -10,7 +10,8 @@ import pytest
 
 from p2p_trainer.cli import main
 
-HEAVY = ("torch", "hivemind")
+HEAVY = ("torch", "hivemind", "numpy", "matplotlib")
+"""What `--help` must not load: each takes from 0.3 s to several seconds to import."""
 
 
 def _imported_modules(argv: list[str]) -> set[str]:
@@ -28,7 +29,8 @@ def _imported_modules(argv: list[str]) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["join", "--help"], ["local", "--help"], ["bootstrap", "--help"]]
+    "argv",
+    [["--help"], ["join", "--help"], ["local", "--help"], ["bootstrap", "--help"], ["simulate", "--help"]],
 )
 def test_help_answers_without_importing_torch(argv: list[str]) -> None:
     modules = _imported_modules(argv)

@@ -15,15 +15,8 @@ from typing import Any
 
 import click
 
-from p2p_trainer.lab.sim.calibration import PUBLISHED, published_scenario
-from p2p_trainer.lab.sim.engine import simulate as run_simulation
-from p2p_trainer.lab.sim.output import (
-    atomic_write,
-    published_table,
-    results_table,
-    surrogate_table,
-    write_report,
-)
+# The engine, the surrogate and the report (numpy, matplotlib) load inside the command, so that
+# `p2p-trainer --help` stays quick; only the scenario's fields are needed to build the options.
 from p2p_trainer.lab.sim.scenario import (
     ALLREDUCES,
     METHODS,
@@ -32,7 +25,6 @@ from p2p_trainer.lab.sim.scenario import (
     load_scenario,
     scenario_from_dict,
 )
-from p2p_trainer.lab.sim.surrogate import run_surrogate
 
 
 def _scenario_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,6 +58,10 @@ def simulate(
     scenario_path: str | None, out_dir: str | None, published: bool, surrogate: bool, **overrides: Any
 ) -> None:
     """Simulate goodput, utilisation and round times of each method for a swarm under failures."""
+    from p2p_trainer.lab.sim.engine import simulate as run_simulation
+    from p2p_trainer.lab.sim.output import results_table, surrogate_table, write_report
+    from p2p_trainer.lab.sim.surrogate import run_surrogate
+
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if published:
@@ -88,6 +84,10 @@ def simulate(
 
 
 def _run_published(out_dir: str | None) -> None:
+    from p2p_trainer.lab.sim.calibration import PUBLISHED, published_scenario
+    from p2p_trainer.lab.sim.engine import simulate as run_simulation
+    from p2p_trainer.lab.sim.output import atomic_write, published_table
+
     rows = []
     for point in PUBLISHED:
         result = run_simulation(published_scenario(point))[point.method]

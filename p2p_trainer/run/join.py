@@ -88,12 +88,16 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
 
     Left out: peers a failed send marked suspect (dead until their heartbeat expires), and peers
     still joining: reporting round 0 while this one has trained for longer than a few heartbeat
-    periods (before that, round 0 is just the heartbeats' lag at the start of a swarm).
+    periods (before that, round 0 is just the heartbeats' lag at the start of a swarm). The clock
+    starts at the first call, i.e. when training starts: the wait for the other peers and a late
+    join's download come before it and say nothing about the heartbeats' lag.
     """
-    started = time.monotonic()
+    started: list[float] = []
 
     def live() -> list[str]:
-        settled = view.status.round > 0 and time.monotonic() - started > 3 * period_s
+        if not started:
+            started.append(time.monotonic())
+        settled = view.status.round > 0 and time.monotonic() - started[0] > 3 * period_s
         suspects = health.suspects()
         return [
             h.peer_id for h in view.heartbeats() if h.peer_id not in suspects and (h.round > 0 or not settled)

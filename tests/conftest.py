@@ -99,7 +99,7 @@ def skip_unless_supported() -> None:
     """Skip the calling test with the reason when this machine cannot run a testbed."""
     problem = support_problem()
     if problem is not None:
-        pytest.skip(f"WAN testbed unavailable (it needs root, ip netns and tc): {problem}")
+        pytest.skip(f"WAN testbed unavailable: {problem}")
 
 
 # --------------------------------------------------------------------------- fixtures

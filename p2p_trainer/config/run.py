@@ -73,7 +73,7 @@ class OuterConfig:
     mix2_every: int = 1
     """Run Mix2 every K outer rounds (the knob between utilisation and agreement)."""
     token_weighted: bool = True
-    """Weight group means by tokens processed since the last merge (docs/algorithms.md §5)."""
+    """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
     """Factored gossip: a peer that starts a round behind the earliest peer of its round (DHT
     heartbeats) leaves out the inner steps it is late by (at most H − 1), so round starts line up and

@@ -69,7 +69,7 @@ class ExchangeRequest:
     group_size: int = 2
     """Target group size g; `ALL` (0) means all live peers."""
     weight: float = 1.0
-    """This peer's weight w_j (docs/algorithms.md §5), e.g. tokens processed since its last merge."""
+    """This peer's weight w_j (docs/algorithms.md §5), e.g. the tokens behind its contribution."""
     timeout_s: float = 30.0
     """Upper bound on the whole exchange, matchmaking included. Nothing waits forever."""
     gossip_step: int = 0

@@ -168,7 +168,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
         cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len,
         cfg.outer.target_tokens_per_round,  # §6: a lone survivor may do the whole swarm's share
     )
-    # §5: a weight is the tokens a peer processed since its last merge, at most one round's
+    # §5: a weight is the tokens behind a contribution, one round's
     # worth here; 4x leaves room for survivors topping up their share when peers vanish
     # (constant work per round, §6). Anything above is more than a peer could have processed.
     view.hear_from(transport.heard_within)  # exchanges are evidence of life too (swarm_view.py)

@@ -68,6 +68,7 @@ def save_checkpoint(peer: Peer, path: str | Path) -> str:
         "work_done": peer.work_done,  # ... with the part of its work quota it has done
         "tokens": peer.tokens,
         "tokens_since_merge": peer.tokens_since_merge,
+        "anchor_tokens": peer.anchor_tokens,  # the next round's Mix1 weight
         "data_position": peer.stream.position,
         "adam_steps": adam_steps,
         "scheduler": peer.scheduler.state_dict(),
@@ -122,6 +123,7 @@ def load_checkpoint(peer: Peer, path: str | Path) -> str:
     peer.state.round, peer.step, peer.tokens = meta["round"], meta["step"], meta["tokens"]
     peer.skip_steps, peer.work_done = meta.get("skip_steps", 0), meta.get("work_done", 0)
     peer.tokens_since_merge, peer.stream.position = meta["tokens_since_merge"], meta["data_position"]
+    peer.anchor_tokens = meta.get("anchor_tokens", 0)
     peer.scheduler.load_state_dict(meta["scheduler"])
     for group, lr in zip(peer.optimizer.param_groups, meta["lrs"], strict=True):
         group["lr"] = lr  # the scheduler's state does not carry the lr it last set

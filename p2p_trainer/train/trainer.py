@@ -100,6 +100,9 @@ class Peer:
         so that its resumed round does not do them again."""
         self.tokens = 0
         self.tokens_since_merge = 0
+        self.anchor_tokens = 0
+        """Tokens of the round that produced the current anchor φ: Mix1's weight (§5), since Mix1
+        averages anchors at the start of the next round, after this round's count was reset."""
         # the work split is among swarm ids (peer ids), which the data key need not be
         self.work = WorkQuota(cfg, self_id or peer_key, live_peers)
 
@@ -120,7 +123,7 @@ class Peer:
         """
         t_round = time.monotonic()
         report = RoundReport(self.state.round)
-        self.method.begin_round(self.state, self._merge_weight())  # factored: Mix1 starts here
+        self.method.begin_round(self.state, float(max(1, self.anchor_tokens)))  # factored: Mix1 starts here
         tokens_before = self.tokens
         self.work.begin_round(done=self.work_done)
         losses = []
@@ -135,7 +138,7 @@ class Peer:
             losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
         compute_s = time.monotonic() - t_round - report.blocked_s
         self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step
-        self.tokens_since_merge = 0
+        self.anchor_tokens, self.tokens_since_merge = self.tokens_since_merge, 0
         m = RoundMetrics(
             round=self.state.round - 1,
             step=self.step,
@@ -183,7 +186,7 @@ class Peer:
 
     # --------------------------------------------------------------------------- helpers
     def _merge_weight(self) -> float:
-        """§5: tokens since the last merge (at least one, so a fresh peer still counts)."""
+        """§5: this round's tokens, the work behind its Δ and θ (at least one, so a fresh peer counts)."""
         return float(max(1, self.tokens_since_merge))
 
     @torch.no_grad()

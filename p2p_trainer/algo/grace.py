@@ -9,6 +9,12 @@ contributed, then waits at most `grace_window_s` for the rest:
 an exchange took to reach its quorum and the time it took from there to its result; τ is how many
 inner steps of waiting one accepts. The floor `min` is ours (not in the paper): a window of 0 s
 would leave out a peer that is merely a network round-trip behind.
+
+That formula bounds how long one waits for a straggler, but on a slow link even a punctual member
+needs its start skew plus a part's transfer time to arrive, which can exceed it. So the window is
+also at least what was observed: `margin · t_arrive − t_quorum`, where `t_arrive` follows the
+time from an exchange's start to the last contribution that arrived (rising at once, decaying
+slowly), and grows by half its window whenever a member that was alive did not arrive in time.
 """
 
 from __future__ import annotations
@@ -56,10 +62,12 @@ class GraceTracker:
     gamma: float
     min_s: float
     max_s: float
+    margin: float = 1.25
     decay: float = 0.9
     t_step_s: float | None = None
     t_quorum_s: float = 0.0
     t_sync_s: float = 0.0
+    t_arrive_s: float = 0.0
     _seen_exchange: bool = False
 
     def observe_step(self, seconds: float) -> None:
@@ -74,10 +82,25 @@ class GraceTracker:
         self.t_sync_s = ema(None if first else self.t_sync_s, max(0.0, sync_s), self.decay)
         self._seen_exchange = True
 
+    def observe_arrivals(self, arrival_s: float, missed: int, window_s: float) -> None:
+        """The last arrival of an exchange run with grace `window_s`, and how many members missed it.
+
+        An envelope rather than a mean: one window too short costs a partial merge, one too long
+        costs a fraction of a second. A miss is a censored sample (the member needed more than
+        the quorum time plus the window), so the envelope moves past it by half a window.
+        """
+        if not (math.isfinite(arrival_s) and math.isfinite(window_s)):
+            return
+        decayed = self.decay * self.t_arrive_s + (1.0 - self.decay) * max(0.0, arrival_s)
+        self.t_arrive_s = max(arrival_s, decayed)
+        if missed > 0:
+            reached = self.t_quorum_s + window_s
+            self.t_arrive_s = max(self.t_arrive_s, reached + 0.5 * max(window_s, self.min_s))
+
     def window_s(self) -> float:
         if self.t_step_s is None or not self._seen_exchange:
             return self.max_s
-        return grace_window_s(
+        budget = grace_window_s(
             self.t_step_s,
             self.t_quorum_s,
             self.t_sync_s,
@@ -86,6 +109,8 @@ class GraceTracker:
             self.min_s,
             self.max_s,
         )
+        observed = self.margin * self.t_arrive_s - self.t_quorum_s
+        return min(self.max_s, max(budget, observed))
 
     def result_wait_s(self) -> float:
         """How long, after its own part is averaged, a member waits for the other parts' results.

@@ -101,7 +101,9 @@ class _NoGradientSync:
 
 def grace_tracker(cfg: ExchangeConfig) -> GraceTracker:
     """The §4 timing state of one peer, from its exchange config."""
-    return GraceTracker(cfg.grace_overlap_steps, cfg.grace_gamma, cfg.grace_min_s, cfg.grace_max_s)
+    return GraceTracker(
+        cfg.grace_overlap_steps, cfg.grace_gamma, cfg.grace_min_s, cfg.grace_max_s, cfg.grace_margin
+    )
 
 
 class _BlockingExchanges:
@@ -144,9 +146,13 @@ class _BlockingExchanges:
         step: int = 0,
     ) -> ExchangeResult:
         t0 = time.monotonic()
-        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step))
+        req = self._request(tag, rnd, group, weight, step)
+        res = self.exchange.average(tensors, req)
         if isinstance(res, Ok):
             self.timing.observe_exchange(res.quorum_s, res.sync_s)
+            self.timing.observe_arrivals(res.arrival_s, res.missed, req.grace_s)
+        elif res.missed:
+            self.timing.observe_arrivals(0.0, res.missed, req.grace_s)
         return report.add(tag, res, time.monotonic() - t0)
 
 

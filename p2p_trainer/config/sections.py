@@ -122,13 +122,25 @@ class ExchangeConfig:
     """Floor of the grace window (ours: covers network jitter when steps are very short)."""
     grace_max_s: float = 5.0
     """Cap of the grace window; a survivor's pause is at most `pause_bound_s`."""
+    grace_margin: float = 1.25
+    """The window covers at least this many times the observed time for members' contributions
+    to arrive (start skew + transfer), so punctual members on a slow link are not left out."""
     wire_dtype: WireDtype = "float32"
     """Number format of exchanged values on the wire: float32, or float16 (half the bytes, so half
     the time on a slow link; values are averaged in float64 either way, and a part holding a value
     beyond float16's range is sent as float32). Every member of a group gets identical results."""
+    final_agreement: bool = True
+    """At the end of a run (rounds done or time bound, not a stop signal) every peer takes part in
+    one last all-peer average of its anchor φ, so each ends holding the swarm's consensus model.
+    Method "independent" never exchanges, so it ignores this. A failed final exchange keeps the
+    peer's own model (run/final_agreement.py)."""
+    final_wait_s: float = 30.0
+    """Longest a finishing peer waits in the final agreement for the others: it covers the skew
+    between the peers' ends (a time bound starts when each peer started)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "exchange")
+        require(self.final_wait_s > 0, f"exchange.final_wait_s={self.final_wait_s}: use a positive value")
         require(self.timeout_s > 0, f"exchange.timeout_s={self.timeout_s}: use a positive value")
         require(self.mix1_grace_s >= 0, "exchange.mix1_grace_s must be >= 0")
         require(
@@ -138,6 +150,9 @@ class ExchangeConfig:
         require(self.quorum_wait_max_s > 0, "exchange.quorum_wait_max_s must be positive")
         require(self.grace_overlap_steps >= 0, "exchange.grace_overlap_steps must be >= 0")
         require(self.grace_gamma >= 0, "exchange.grace_gamma must be >= 0")
+        require(
+            self.grace_margin >= 1, f"exchange.grace_margin={self.grace_margin}: use >= 1 (1.25 = 25% slack)"
+        )
         require(
             0 <= self.grace_min_s <= self.grace_max_s,
             f"exchange.grace_min_s={self.grace_min_s} and grace_max_s={self.grace_max_s}: need 0 <= min <= max",

@@ -43,6 +43,12 @@ class Ok:
     """Time from the start of the exchange to its quorum (for the grace window's EMA, §4)."""
     sync_s: float = 0.0
     """Time from the end of the own part's averaging to the complete result."""
+    arrival_s: float = 0.0
+    """Time from the start of the exchange to the last contribution to this peer's part: the start
+    skew plus the transfer, which the next grace window must cover (§4)."""
+    missed: int = 0
+    """Members, not known to be gone, whose contribution to this peer's part did not arrive within
+    its window: the window was too short for them (or they are stragglers)."""
     started_unix: float = 0.0
     """Wall-clock start (time.time()): a bench whose peers share one clock lines members up with it."""
     group_key: str = ""
@@ -55,6 +61,8 @@ class Failed:
 
     reason: str
     elapsed_s: float = 0.0
+    missed: int = 0
+    """As `Ok.missed`: members that were alive but late for this peer's part."""
 
 
 ExchangeResult = Ok | Failed

@@ -156,6 +156,10 @@ async def send_with_retries(
 class _Arrivals:
     values: dict[int, tuple[np.ndarray, float]]
     quorum_s: float
+    last_s: float = 0.0
+    """Offset from the start of the last contribution that arrived."""
+    missed: int = 0
+    """Members still expected (not gone) when the window closed."""
 
 
 async def _collect(
@@ -179,6 +183,7 @@ async def _collect(
     }
     got: dict[int, tuple[np.ndarray, float]] = {}
     quorum_s: float | None = None
+    last_s = 0.0
     end = min(deadline, started + group.quorum_wait_s)
     pending = set(tasks)
     while pending:
@@ -205,9 +210,15 @@ async def _collect(
                 )
             else:
                 got[j] = checked
+                last_s = time.monotonic() - started
+    # late, not gone: the window was shorter than their skew and transfer (the tracker widens it)
+    other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
+    late = [group.members[tasks[t]] for t in pending]
+    missed = sum(1 for m in late if not gone(m) and m not in other_view)
     for task in pending:
         task.cancel()
-    return _Arrivals(got, time.monotonic() - started if quorum_s is None else quorum_s)
+    quorum_s = time.monotonic() - started if quorum_s is None else quorum_s
+    return _Arrivals(got, quorum_s, last_s, missed)
 
 
 def _included(msg: Message, n: int) -> list[int] | None:
@@ -346,7 +357,9 @@ async def butterfly_average(
     own_parts = sum(1 for s in sizes if s == 1)
     if max(sizes) == 1:
         return Failed(
-            f"no member's values arrived within the grace window (left out: {sorted(left_out)})", elapsed
+            f"no member's values arrived within the grace window (left out: {sorted(left_out)})",
+            elapsed,
+            missed=arrivals.missed,
         )
     return Ok(
         [torch.from_numpy(out)],
@@ -360,6 +373,8 @@ async def butterfly_average(
         late_parts=late_parts,
         quorum_s=arrivals.quorum_s,
         sync_s=time.monotonic() - own_done,
+        arrival_s=arrivals.last_s,
+        missed=arrivals.missed,
         started_unix=started_unix,
         group_key=group.key,
     )

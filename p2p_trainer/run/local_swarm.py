@@ -7,6 +7,7 @@ process cleanly and still writes what was measured.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -19,10 +20,15 @@ from typing import Any
 
 import torch
 
+from p2p_trainer.algo.outer import consensus_distance
+from p2p_trainer.config import OuterConfig, RunConfig
 from p2p_trainer.processes import Child, wait_all
-from p2p_trainer.round_log import FinalRecord, RoundRecord, read_log
-from p2p_trainer.run.launcher import LocalOptions, LocalSwarm
+from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, RunLog, read_log
+from p2p_trainer.run.consensus import compare_peers, gain, mean_anchor
+from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR
+from p2p_trainer.run.launcher import LocalOptions, LocalSwarm, local_options
 from p2p_trainer.train.checkpoint import atomic_write_text, read_anchor
+from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +46,20 @@ def peer_rows(run_dir: Path, peers: int) -> list[dict[str, Any]]:
                 "loss": last.train_loss if last else None,
                 "val_loss": final.val_loss if final else last.val_loss if last else None,
                 "tokens_per_s": last.tokens / last.time_s if last and last.time_s > 0 else 0.0,
-                "last_exchange": ", ".join(
-                    f"{e.tag}:{'ok' if e.ok else 'FAILED'}({e.group_size})"
-                    for e in (last.exchanges if last else ())
-                ),
+                "last_exchange": ", ".join(_outcome(e) for e in (last.exchanges if last else ())),
                 "done": final is not None,
             }
         )
     return rows
+
+
+def _outcome(e: ExchangeRecord) -> str:
+    """One exchange in the live table: merged fully, in part (and who was late), or failed."""
+    if not e.ok:
+        return f"{e.tag}:FAILED"
+    if e.own_parts or e.late_parts or e.left_out:
+        return f"{e.tag}:partial({e.group_size}, late: {','.join(e.left_out) or 'self'})"
+    return f"{e.tag}:ok({e.group_size})"
 
 
 def render(rows: list[dict[str, Any]]) -> Any:
@@ -70,55 +82,97 @@ def render(rows: list[dict[str, Any]]) -> Any:
     return table
 
 
-def summarize(opts: LocalOptions, wall_s: float, interrupted: bool) -> dict[str, Any]:
-    """Per-peer and averaged-model validation loss, tokens, utilisation, bytes, failed exchanges."""
+def _own_loss(final: FinalRecord | None) -> float | None:
+    """The loss of the peer's own model: before the final agreement where one ran."""
+    if final is None:
+        return None
+    return final.own_val_loss if final.own_val_loss is not None else final.val_loss
+
+
+def _agreement(rec: ExchangeRecord | None) -> str | None:
+    """The final agreement's outcome: "ok(<group size>)", "failed: <why>", or None where none ran."""
+    if rec is None:
+        return None
+    if rec.merged:
+        return f"ok({rec.group_size})"
+    return f"failed: {rec.reason or 'averaged with no one'}"
+
+
+def _peer_entry(name: str, log: RunLog) -> dict[str, Any]:
+    rounds, final = log.rounds, log.final
+    compute = sum(r.compute_s for r in rounds)
+    wall = sum(r.wall_s for r in rounds)
+    exchanges = [e for r in rounds for e in r.exchanges]
+    return {
+        "peer": name,
+        "rounds": len(rounds),
+        "tokens": rounds[-1].tokens if rounds else 0,
+        "val_loss": final.val_loss if final else None,
+        "own_val_loss": _own_loss(final),
+        "final_agreement": _agreement(final.agreement if final else None),
+        "utilisation": compute / wall if wall else 0.0,
+        "blocked_s": sum(r.blocked_s for r in rounds),
+        "bytes_sent": sum(r.bytes_sent for r in rounds),
+        "bytes_received": sum(r.bytes_received for r in rounds),
+        "exchanges": len(exchanges),
+        "failed_exchanges": sum(1 for e in exchanges if not e.ok),
+    }
+
+
+def own_anchor(peer_dir: Path, final: FinalRecord | None) -> list[torch.Tensor] | None:
+    """A peer's own φ before the final agreement: the copy its finish saved when the agreement
+    changed φ (this life's: same round and step), else its final checkpoint's."""
+    if final is not None and final.agreement is not None and final.agreement.merged:
+        snaps = list_snapshots(peer_dir / BEFORE_FINAL_DIR)
+        if snaps and (snaps[-1].round, snaps[-1].step) == (final.round, final.step):
+            return load_snapshot(snaps[-1].path)
+    ckpt = peer_dir / "checkpoint.safetensors"
+    return read_anchor(ckpt) if ckpt.exists() else None
+
+
+def evaluate_anchor(cfg: RunConfig, anchor: list[torch.Tensor]) -> float:
+    """Validation loss of a model holding `anchor` (the fixed batches every peer evaluates on)."""
     from p2p_trainer.train.data import load_corpus, validation_batches
     from p2p_trainer.train.model import build_model
 
+    model = build_model(cfg.model, cfg.seed)
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), anchor, strict=True):
+            p.copy_(v)
+    corpus = load_corpus(cfg.data, cfg.model.seq_len)
+    batches = validation_batches(corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches)
+    model.eval()
+    with torch.no_grad():
+        return sum(float(model(x, y)) for x, y in batches) / len(batches)
+
+
+def summarize(opts: LocalOptions, wall_s: float, interrupted: bool) -> dict[str, Any]:
+    """Per-peer figures; the consensus model (mean of the final anchors) against the best and the
+    mean single peer (their own models, before the final agreement) and the peers' spread."""
     peers: list[dict[str, Any]] = []
-    anchors = []
+    finals, owns = [], []
     for i in range(opts.peers):
         d = opts.run_dir / f"peer{i}"
         log = read_log(d / "metrics.jsonl")
-        rounds, final = log.rounds, log.final
-        compute = sum(r.compute_s for r in rounds)
-        wall = sum(r.wall_s for r in rounds)
-        exchanges = [e for r in rounds for e in r.exchanges]
-        peers.append(
-            {
-                "peer": f"peer{i}",
-                "rounds": len(rounds),
-                "tokens": rounds[-1].tokens if rounds else 0,
-                "val_loss": final.val_loss if final else None,
-                "utilisation": compute / wall if wall else 0.0,
-                "blocked_s": sum(r.blocked_s for r in rounds),
-                "bytes_sent": sum(r.bytes_sent for r in rounds),
-                "bytes_received": sum(r.bytes_received for r in rounds),
-                "exchanges": len(exchanges),
-                "failed_exchanges": sum(1 for e in exchanges if not e.ok),
-            }
-        )
+        peers.append(_peer_entry(f"peer{i}", log))
         if (d / "checkpoint.safetensors").exists():
-            anchors.append(read_anchor(d / "checkpoint.safetensors"))
-    mean_loss = None
-    if anchors:
-        model = build_model(opts.run.model, opts.run.seed)
-        with torch.no_grad():
-            for p, *vals in zip(model.parameters(), *anchors, strict=True):
-                p.copy_(torch.stack(vals).mean(0))
-        corpus = load_corpus(opts.run.data, opts.run.model.seq_len)
-        batches = validation_batches(
-            corpus, opts.run.model.seq_len, opts.run.data.batch_size, opts.run.data.val_batches
-        )
-        model.eval()
-        with torch.no_grad():
-            mean_loss = sum(float(model(x, y)) for x, y in batches) / len(batches)
+            finals.append(read_anchor(d / "checkpoint.safetensors"))
+            owns.append(own_anchor(d, log.final) or finals[-1])
+    consensus = evaluate_anchor(opts.run, mean_anchor(finals)) if finals else None
+    single = compare_peers({p["peer"]: p["own_val_loss"] for p in peers})
     return {
         "method": opts.run.outer.method,
         "peers": opts.peers,
         "wall_s": wall_s,
         "interrupted": interrupted,
-        "averaged_model_val_loss": mean_loss,
+        "averaged_model_val_loss": consensus,
+        "consensus_val_loss": consensus,
+        "best_peer": single.best_peer,
+        "best_peer_val_loss": single.best_peer_val_loss,
+        "mean_peer_val_loss": single.mean_peer_val_loss,
+        "consensus_distance": consensus_distance(owns) if owns else None,
+        "final_distance": consensus_distance(finals) if finals else None,
+        "agreed_peers": sum(1 for p in peers if (p["final_agreement"] or "").startswith("ok")),
         "tokens": sum(p["tokens"] for p in peers),
         "mean_utilisation": sum(p["utilisation"] for p in peers) / max(1, len(peers)),
         "per_peer": peers,
@@ -152,7 +206,8 @@ def plot_val_loss(run_dir: Path, peers: int, out: Path) -> None:
 
 
 def run_local(opts: LocalOptions, show: bool = True, stop: threading.Event | None = None) -> dict[str, Any]:
-    """Run the swarm until its peers finish, the time bound passes or `stop` is set.
+    """Run the swarm until its peers finish, the time bound passes or `stop` is set; then, with
+    `opts.compare_independent` (and no stop), the independent peers. Returns the summary.
 
     Without `stop`, SIGINT and SIGTERM set one of its own for the duration (a caller that passes
     `stop` owns the signal handlers, e.g. to know which signal ended the run).
@@ -162,6 +217,56 @@ def run_local(opts: LocalOptions, show: bool = True, stop: threading.Event | Non
     if stop is None:
         own = stop = threading.Event()
         previous = {s: signal.signal(s, lambda *_: own.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        summary = _run_swarm(opts, show, stop)
+        if opts.compare_independent and not stop.is_set():
+            alone = _run_swarm(independent_options(opts), show, stop)
+            summary = with_independent(summary, alone, opts.run_dir / INDEPENDENT_DIR)
+            atomic_write_text(opts.run_dir / "summary.json", json.dumps(summary, indent=2))
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return summary
+
+
+INDEPENDENT_DIR = "independent"
+"""Under a `local --compare-independent` run directory: the independent peers' run."""
+
+
+def independent_options(opts: LocalOptions) -> LocalOptions:
+    """The same peers, rounds, time bound, data streams (peer i reads stream "peer{i}") and work
+    per round as `opts`, each training alone."""
+    outer = OuterConfig.for_method(
+        "independent",
+        num_inner_steps=opts.run.outer.num_inner_steps,
+        target_tokens_per_round=opts.run.outer.target_tokens_per_round,
+    )
+    cfg = dataclasses.replace(opts.run, outer=outer)
+    alone = local_options(
+        opts.run_dir / INDEPENDENT_DIR, cfg, opts.peers, opts.torch_threads, opts.max_minutes
+    )
+    return dataclasses.replace(alone, startup_timeout_s=opts.startup_timeout_s)
+
+
+def with_independent(swarm: dict[str, Any], alone: dict[str, Any], alone_dir: Path) -> dict[str, Any]:
+    """The swarm's summary with the independent run's figures and the gain beside it."""
+    return {
+        **swarm,
+        "independent": {
+            "run_dir": str(alone_dir),
+            "mean_peer_val_loss": alone["mean_peer_val_loss"],
+            "best_peer_val_loss": alone["best_peer_val_loss"],
+            "averaged_model_val_loss": alone["consensus_val_loss"],
+            "tokens": alone["tokens"],
+            "wall_s": alone["wall_s"],
+            "interrupted": alone["interrupted"],
+        },
+        "gain_vs_independent": gain(alone["mean_peer_val_loss"], swarm["consensus_val_loss"]),
+    }
+
+
+def _run_swarm(opts: LocalOptions, show: bool, stop: threading.Event) -> dict[str, Any]:
+    opts.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     swarm = LocalSwarm(opts)
     try:
@@ -169,8 +274,6 @@ def run_local(opts: LocalOptions, show: bool = True, stop: threading.Event | Non
         _watch(opts, [swarm.start_peer(i) for i in range(opts.peers)], stop, show)
     finally:
         swarm.stop(peer_timeout_s=60, boot_timeout_s=15)
-        for s, h in previous.items():
-            signal.signal(s, h)
     summary = summarize(opts, time.monotonic() - started, stop.is_set())
     atomic_write_text(opts.run_dir / "summary.json", json.dumps(summary, indent=2))
     plot_val_loss(opts.run_dir, opts.peers, opts.run_dir / "val_loss.png")

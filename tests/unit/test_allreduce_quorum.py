@@ -102,6 +102,7 @@ def test_member_stopping_quorum_is_not_waited_for_past_grace() -> None:
     # a pair with quorum 1: the partner is dead, the survivor waits only the grace window
     results, elapsed, _ = asyncio.run(_run(2, {"peer1"}, quorum=1))
     assert isinstance(results["peer0"], Failed)  # nothing merged anywhere: own tensors kept
+    assert results["peer0"].missed == 0  # gone, not late: nothing to widen the window for
     assert elapsed["peer0"] < GRACE_S + 0.2
 
 
@@ -118,6 +119,18 @@ def test_late_member_is_left_out_and_keeps_own_values() -> None:
     a, b = part_bounds(10, 3)[2]
     np.testing.assert_allclose(late.tensors[0].numpy()[a:b], 1.0)
     np.testing.assert_allclose(late.tensors[0].numpy()[:a], float(flats[2][0]))
+    # what the grace tracker learns: the punctual owners saw a live member miss their window, the
+    # late one found everything there already
+    assert all(results[n].missed == 1 for n in ("peer0", "peer1"))  # type: ignore[union-attr]
+    assert late.missed == 0 and late.arrival_s < 0.1
+
+
+def test_arrival_time_covers_a_members_start_skew() -> None:
+    results, _, _ = asyncio.run(_run(2, set(), quorum=2, delays={"peer1": 0.25}))
+    early, late = results["peer0"], results["peer1"]
+    assert isinstance(early, Ok) and isinstance(late, Ok) and early.missed == late.missed == 0
+    assert 0.25 <= early.arrival_s < 0.25 + 0.15  # the partner's skew, plus a fake transfer
+    assert late.arrival_s < 0.1
 
 
 @pytest.mark.parametrize("bad", ["nan", "weight"])

@@ -45,11 +45,44 @@ def test_tracker_uses_emas_and_starts_at_the_cap() -> None:
     assert 1.0 <= t.result_wait_s() <= 30.0
 
 
+def _timed(step_s: float = 0.1) -> GraceTracker:
+    t = GraceTracker(overlap_steps=5, gamma=1.0, min_s=1.0, max_s=8.0, margin=1.25, decay=0.9)
+    t.observe_step(step_s)
+    t.observe_exchange(quorum_s=0.0, sync_s=0.2)
+    return t
+
+
+def test_window_covers_the_observed_arrival_of_punctual_members() -> None:
+    t = _timed()
+    assert t.window_s() == 1.0  # the formula alone: 5 · 0.1 − 0.2 < the 1 s floor
+    t.observe_arrivals(arrival_s=2.4, missed=0, window_s=1.0)  # a slow link: 2.4 s to arrive
+    assert t.window_s() == pytest.approx(1.25 * 2.4)
+    for _ in range(5):  # quicker arrivals lower the envelope only slowly
+        t.observe_arrivals(arrival_s=0.4, missed=0, window_s=3.0)
+    assert 1.25 * 0.4 < t.window_s() < 1.25 * 2.4
+    assert t.t_arrive_s == pytest.approx(0.4 + (2.4 - 0.4) * 0.9**5)
+
+
+def test_a_member_missing_the_window_widens_it_until_the_cap() -> None:
+    t = _timed()
+    windows = [t.window_s()]
+    for _ in range(6):  # a member alive but never in time: nothing arrives
+        t.observe_arrivals(arrival_s=0.0, missed=1, window_s=windows[-1])
+        windows.append(t.window_s())
+    assert windows[:3] == pytest.approx([1.0, 1.25 * 1.5, 1.25 * (1.25 * 1.5 * 1.5)])
+    assert windows == sorted(windows)
+    assert windows[-1] == 8.0  # never past grace_max_s
+    t.observe_arrivals(arrival_s=math.nan, missed=0, window_s=1.0)  # ignored
+    assert t.window_s() == 8.0
+
+
 def test_config_validates_quorum_and_grace() -> None:
     with pytest.raises(ConfigError, match="quorum_fraction"):
         ExchangeConfig(quorum_fraction=0.0)
     with pytest.raises(ConfigError, match="grace_min_s"):
         ExchangeConfig(grace_min_s=3.0, grace_max_s=2.0)
+    with pytest.raises(ConfigError, match="grace_margin"):
+        ExchangeConfig(grace_margin=0.5)
     cfg = ExchangeConfig(quorum_wait_max_s=4.0, grace_max_s=2.0)
     assert cfg.pause_bound_s == 10.0
     assert ExchangeConfig(timeout_s=3.0).pause_bound_s == 3.0

@@ -216,6 +216,12 @@ def join(
 @minutes_option
 @run_dir_option(None, "Output directory (default: runs/local-<time>).")
 @click.option("--no-live", is_flag=True, help="No live table (for logs and CI).")
+@click.option(
+    "--compare-independent",
+    is_flag=True,
+    help="Then run as many peers training alone (method independent, same rounds or --minutes, "
+    "same data streams) and report the swarm's gain over them.",
+)
 def local(
     config: str | None,
     method: str | None,
@@ -225,6 +231,7 @@ def local(
     minutes: float | None,
     run_dir: str | None,
     no_live: bool,
+    compare_independent: bool,
 ) -> None:
     """Run a real swarm on this machine: one bootstrap node and N peer processes on loopback."""
     import os
@@ -241,7 +248,13 @@ def local(
     atomic_write_text(config_path, to_toml(cfg))
     threads = max(1, (os.cpu_count() or 1) // peers)  # peers share this machine's cores
     opts = LocalOptions(
-        config_path=config_path, run=cfg, peers=peers, run_dir=out, max_minutes=minutes, torch_threads=threads
+        config_path=config_path,
+        run=cfg,
+        peers=peers,
+        run_dir=out,
+        max_minutes=minutes,
+        torch_threads=threads,
+        compare_independent=compare_independent,
     )
     stop = threading.Event()
     stopped_by = install_stop_handlers(stop)
@@ -255,19 +268,45 @@ def local(
         sys.exit(128 + signum)
 
 
+def _loss(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def _consensus_line(summary: dict[str, Any]) -> str:
+    """The consensus model (mean of the final anchors) against the single peers' own models."""
+    line = f"  averaged model: val loss {_loss(summary['averaged_model_val_loss'])} (consensus)"
+    if summary["best_peer"] is not None:
+        line += (
+            f"; single peers before the final agreement: best {summary['best_peer']} "
+            f"{_loss(summary['best_peer_val_loss'])}, mean {_loss(summary['mean_peer_val_loss'])}"
+        )
+    distance = summary["consensus_distance"]
+    if distance is not None:
+        line += f"; spread {distance:.4f} (after: {summary['final_distance']:.4f})"
+    return line
+
+
 def _echo_local_summary(summary: dict[str, Any], peers: int, out: Path) -> None:
     click.echo(
         f"\nmethod {summary['method']}, {peers} peers, {summary['wall_s']:.0f} s, {summary['tokens']} tokens"
     )
     for p in summary["per_peer"]:
-        vl = f"{p['val_loss']:.3f}" if p["val_loss"] is not None else "-"
+        vl = _loss(p["val_loss"])
+        if p["final_agreement"] is not None:
+            vl += f" (own {_loss(p['own_val_loss'])}, final agreement {p['final_agreement']})"
         click.echo(
             f"  {p['peer']}: val loss {vl}, rounds {p['rounds']}, utilisation {p['utilisation']:.3f}, "
             f"sent {p['bytes_sent'] / 1e6:.1f} MB, received {p['bytes_received'] / 1e6:.1f} MB, "
             f"failed exchanges {p['failed_exchanges']}/{p['exchanges']}"
         )
-    avg = summary["averaged_model_val_loss"]
-    click.echo(f"  averaged model: val loss {avg:.3f}" if avg is not None else "  averaged model: -")
+    click.echo(_consensus_line(summary))
+    alone = summary.get("independent")
+    if alone is not None:
+        click.echo(
+            f"  independent peers (same data, {alone['wall_s']:.0f} s): mean val loss "
+            f"{_loss(alone['mean_peer_val_loss'])}, best {_loss(alone['best_peer_val_loss'])}; "
+            f"gain of the swarm's consensus {_loss(summary['gain_vs_independent'])} nats/byte"
+        )
     click.echo(
         f"run directory: {out} (summary.json, val_loss.png, peer*/metrics.jsonl, peer*/checkpoint.safetensors)"
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
 
-SCHEMA = 1
+SCHEMA = 2
 """The schema version every line is written with; bump it whenever a field changes."""
 LEGACY = 0
 """The version of lines that carry no `schema` field (written before records were versioned)."""
@@ -275,6 +275,10 @@ class FinalRecord(_Line):
     state_hash: str = ""
     """Digest of the final checkpoint ("" where none was written)."""
     step: int = 0
+    own_val_loss: float | None = None
+    """Validation loss of the peer's own anchor before the final agreement (None where none ran)."""
+    agreement: ExchangeRecord | None = None
+    """The final agreement's exchange (None where none ran: a stop signal, method independent)."""
 
 
 LogRecord = StartRecord | ResumeRecord | RoundRecord | RejoinRecord | FinalRecord

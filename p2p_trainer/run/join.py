@@ -32,6 +32,7 @@ from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
+from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR, agree, final_request, wants_final_agreement
 from p2p_trainer.train.checkpoint import load_checkpoint, save_checkpoint
 from p2p_trainer.train.data import load_corpus
 from p2p_trainer.train.metrics import MetricsWriter, round_record
@@ -126,7 +127,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         enter(joined, rejoining)
         deadline = joined.started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
         train_rounds(joined, lambda: stop.is_set() or time.monotonic() >= deadline)
-        finish(joined, stopped=stop.is_set())
+        finish(joined, stopped=stop.is_set(), stop_requested=stop.is_set)
     return 0
 
 
@@ -299,19 +300,40 @@ def _save_progress(j: Joined) -> None:
         save_checkpoint(peer, j.ckpt)
 
 
-def finish(j: Joined, stopped: bool) -> None:
-    """Final checkpoint (mid-round if a bound cut the last round short), evaluation of φ, record."""
-    peer = j.peer
-    final_hash = save_checkpoint(peer, j.ckpt)
+def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda: False) -> None:
+    """Final checkpoint (mid-round if a bound cut the last round short); unless a stop signal ended
+    the run, the final agreement (`final_agreement.py`: a stop request during its wait ends it)
+    and a checkpoint of the agreed model; then evaluation of φ and the final record."""
+    peer, cfg = j.peer, j.opts.run
+    final_hash = save_checkpoint(peer, j.ckpt)  # kept if the final agreement fails or is killed
+    own_anchor, own_loss, agreement = peer.state.anchor, None, None
+    if not stopped and wants_final_agreement(cfg):
+        agreement = agree(peer, final_request(cfg), stop_requested)
+        own_loss = peer.evaluate(own_anchor)
+        if agreement.merged:
+            final_hash = save_checkpoint(peer, j.ckpt)
+            j.server.publish(peer.state, peer.timing.t_step_s, skipped_s(peer))
+            # the summary compares the consensus with each peer's own model
+            save_snapshot(
+                j.opts.run_dir / BEFORE_FINAL_DIR,
+                own_anchor,
+                peer.state.round,
+                peer.step,
+                peer.tokens,
+                time.monotonic() - j.started,
+            )
+    val_loss = peer.evaluate(peer.state.anchor) if agreement is None or agreement.merged else own_loss
     j.metrics.write(
         FinalRecord(
             peer=j.node.peer_id,
             round=peer.state.round,
             tokens=peer.tokens,
-            val_loss=peer.evaluate(peer.state.anchor),
+            val_loss=val_loss,
             time_s=time.monotonic() - j.started,
             stopped=stopped,
             state_hash=final_hash,
             step=peer.step,
+            own_val_loss=own_loss,
+            agreement=agreement,
         )
     )

@@ -49,6 +49,9 @@ class LocalOptions:
     """Torch threads per peer process."""
     startup_timeout_s: float = 60.0
     """How long the bootstrap node may take to print its address."""
+    compare_independent: bool = False
+    """After the swarm, run as many peers with method independent (same rounds or time bound, same
+    data streams) under run_dir/independent, and report the swarm's gain over training alone."""
 
 
 def local_options(

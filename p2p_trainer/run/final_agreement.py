@@ -1,0 +1,106 @@
+"""The end of a run: one last all-peer average of the anchors, so every peer holds the consensus.
+
+During training the peers' anchors φ only approach each other (groups mix a few peers at a time,
+background exchanges land a round late), so without this step a user would have N slightly
+different models and no single one that is the swarm's. A peer whose run ends normally (its
+rounds are done or its time bound passed) therefore takes part in one blocking exchange of φ with
+every live peer (group `ALL`, equal weights, full quorum), then saves and evaluates the result.
+
+Meeting: the exchange's key is the tag "final" and the run's configured round count, not the
+round a peer stopped at, so peers stopped by a time bound after different numbers of rounds
+still meet. A peer that finishes first waits at most `exchange.final_wait_s` for the others;
+the wait covers the skew between the peers' ends. A peer that is gone is not waited for past its
+failed sends or its heartbeat (`allreduce.py`), so a dead peer cannot hang the end of a run.
+
+Failure keeps work: the checkpoint is written before the exchange, a `Failed` result (or a stop
+signal during the wait) keeps the peer's own φ and says why in the log and the final record. An
+`Ok` result is adopted as the exchanges in training are: each part is the mean of the members its
+owner heard from, and `group_size`/`own_parts` in the record say how complete it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from p2p_trainer.algo.methods import RoundReport
+from p2p_trainer.config import RunConfig
+from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.round_log import ExchangeRecord
+from p2p_trainer.train.trainer import Peer
+
+logger = logging.getLogger(__name__)
+
+FINAL_TAG = "final"
+BEFORE_FINAL_DIR = "before_final"
+"""Under a peer's run directory: its own φ before an agreement that changed it (a snapshot file),
+which `local`'s summary compares with the consensus."""
+POLL_S = 0.2
+"""How often the wait checks for a stop signal."""
+
+
+def wants_final_agreement(cfg: RunConfig) -> bool:
+    """On for the communicating methods unless the config turns it off; never for independent."""
+    return cfg.exchange.final_agreement and cfg.outer.method != "independent"
+
+
+def final_request(cfg: RunConfig) -> ExchangeRequest:
+    """The final exchange: all live peers, equal weights (the plain mean), everyone awaited.
+
+    Always float32 on the wire: the result is the model the user keeps.
+    """
+    wait_s = cfg.exchange.final_wait_s
+    return ExchangeRequest(
+        FINAL_TAG,
+        cfg.rounds,
+        ALL,
+        weight=1.0,
+        timeout_s=wait_s,
+        quorum_fraction=1.0,
+        quorum_wait_s=wait_s,
+        grace_s=0.0,
+        result_wait_s=wait_s,
+        wire_dtype="float32",
+    )
+
+
+def _wait(peer: Peer, request: ExchangeRequest, stopped: Callable[[], bool]) -> ExchangeResult:
+    t0 = time.monotonic()
+    pending = peer.exchange.start(peer.state.anchor, request)
+    limit = t0 + request.timeout_s + 1.0
+    while not pending.done() and time.monotonic() < limit:
+        if stopped():
+            return Failed("a stop signal came before the others", time.monotonic() - t0)
+        time.sleep(POLL_S)
+    return pending.result(max(0.0, limit - time.monotonic()))
+
+
+def adopt_anchor(peer: Peer, anchor: list[torch.Tensor]) -> None:
+    """φ ← `anchor`, and θ moves by the same amount: a peer stopped mid-round keeps the steps it
+    took since its last round (θ − φ is unchanged), so a resumed run carries on from there."""
+    with torch.no_grad():
+        for p, old, new in zip(peer.params, peer.state.anchor, anchor, strict=True):
+            p.add_((new - old).to(p.device, p.dtype))
+    peer.state.anchor = [a.detach().float().clone() for a in anchor]
+
+
+def agree(peer: Peer, request: ExchangeRequest, stopped: Callable[[], bool]) -> ExchangeRecord:
+    """Average φ with every live peer and adopt the result; on failure keep φ. Returns the record."""
+    t0 = time.monotonic()
+    res = _wait(peer, request, stopped)
+    report = RoundReport(peer.state.round)
+    report.add(FINAL_TAG, res, time.monotonic() - t0)  # logs a failure and why
+    if isinstance(res, Ok):
+        adopt_anchor(peer, res.tensors)
+        logger.info(
+            "final agreement: averaged with %d peer(s) in %.1f s%s",
+            res.group_size,
+            res.elapsed_s,
+            f", {res.own_parts} part(s) kept as own values" if res.own_parts else "",
+        )
+    else:
+        logger.warning("final agreement failed (%s); this peer keeps its own model", res.reason)
+    return report.exchanges[-1]

@@ -1,0 +1,112 @@
+"""The final agreement: every peer that takes part ends with the plain mean of the anchors; one that
+cannot meet the others keeps its own model; method independent never takes part."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import torch
+
+from p2p_trainer.config import ExchangeConfig, RunConfig
+from p2p_trainer.exchange.inprocess import InProcessSwarm
+from p2p_trainer.exchange.interface import ALL
+from p2p_trainer.round_log import ExchangeRecord
+from p2p_trainer.run.final_agreement import FINAL_TAG, agree, final_request, wants_final_agreement
+from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.trainer import Peer
+from tests.conftest import tiny_config
+
+
+def _peers(cfg: RunConfig, n: int) -> list[Peer]:
+    """n peers whose anchors differ (peer i's is shifted by i) and whose θ is one step past φ."""
+    swarm = InProcessSwarm(n, cfg.seed)
+    corpus = load_corpus(cfg.data, cfg.model.seq_len)
+    peers = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"peer{i}") for i in range(n)]
+    for i, peer in enumerate(peers):
+        peer.state.anchor = [a + 0.1 * i for a in peer.state.anchor]
+        with torch.no_grad():
+            for p, a in zip(peer.params, peer.state.anchor, strict=True):
+                p.copy_(a + 0.01)  # mid-round: θ has moved away from φ
+    return peers
+
+
+def _agree_all(peers: list[Peer], cfg: RunConfig) -> list[ExchangeRecord]:
+    records: list[ExchangeRecord | None] = [None] * len(peers)
+
+    def run(i: int) -> None:
+        records[i] = agree(peers[i], final_request(cfg), lambda: False)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(peers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert all(r is not None for r in records)
+    return [r for r in records if r is not None]
+
+
+def test_on_for_communicating_methods_off_for_independent() -> None:
+    for method in ("diloco", "noloco", "factored", "data-parallel"):
+        assert wants_final_agreement(tiny_config(method, rounds=2)), method
+    assert not wants_final_agreement(tiny_config("independent", rounds=2))
+    off = dataclasses.replace(tiny_config("diloco", rounds=2), exchange=ExchangeConfig(final_agreement=False))
+    assert not wants_final_agreement(off)
+
+
+def test_the_request_meets_on_the_configured_rounds_with_everyone_in_float32() -> None:
+    cfg = tiny_config("factored", rounds=7, wire_dtype="float16", final_wait_s=12.0)
+    req = final_request(cfg)
+    assert (req.tag, req.round, req.group_size) == (FINAL_TAG, 7, ALL)
+    assert req.quorum_fraction == 1.0 and req.weight == 1.0 and req.wire_dtype == "float32"
+    assert req.timeout_s == req.quorum_wait_s == 12.0
+
+
+def test_every_peer_ends_with_the_mean_of_the_anchors() -> None:
+    cfg = tiny_config("diloco", rounds=3)
+    peers = _peers(cfg, 3)
+    before = [list(p.state.anchor) for p in peers]
+    offsets = [
+        [p.detach() - a for p, a in zip(peer.params, peer.state.anchor, strict=True)] for peer in peers
+    ]
+    mean = [torch.stack(ts).mean(0) for ts in zip(*before, strict=True)]
+    records = _agree_all(peers, cfg)
+    assert all(r.ok and r.merged and r.group_size == 3 and r.tag == FINAL_TAG for r in records)
+    for peer, offset in zip(peers, offsets, strict=True):
+        for a, m in zip(peer.state.anchor, mean, strict=True):
+            torch.testing.assert_close(a, m)
+        # θ moved with φ: the steps since the last round are kept
+        for p, a, o in zip(peer.params, peer.state.anchor, offset, strict=True):
+            torch.testing.assert_close(p.detach() - a, o, atol=1e-6, rtol=0)
+    assert not torch.equal(before[0][0], before[1][0])  # the test averaged different models
+
+
+def test_a_peer_that_meets_no_one_keeps_its_own_model() -> None:
+    cfg = tiny_config("diloco", rounds=3, final_wait_s=0.5)
+    peer = _peers(cfg, 2)[1]  # peer0 never comes
+    anchor, params = list(peer.state.anchor), [p.detach().clone() for p in peer.params]
+    t0 = time.monotonic()
+    record = agree(peer, final_request(cfg), lambda: False)
+    assert time.monotonic() - t0 < 5.0, "the wait is bounded"
+    assert not record.ok and record.reason
+    assert all(torch.equal(a, b) for a, b in zip(peer.state.anchor, anchor, strict=True))
+    assert all(torch.equal(p, q) for p, q in zip(peer.params, params, strict=True))
+
+
+def test_a_stop_request_ends_the_wait() -> None:
+    cfg = tiny_config("diloco", rounds=3, final_wait_s=60.0)
+    peer = _peers(cfg, 2)[0]
+    anchor = list(peer.state.anchor)
+    t0 = time.monotonic()
+    record = agree(peer, final_request(cfg), lambda: time.monotonic() - t0 > 0.3)
+    assert time.monotonic() - t0 < 5.0 and not record.ok and "stop" in record.reason
+    assert all(torch.equal(a, b) for a, b in zip(peer.state.anchor, anchor, strict=True))
+
+
+def test_final_wait_must_be_positive() -> None:
+    from p2p_trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="final_wait_s"):
+        ExchangeConfig(final_wait_s=0.0)

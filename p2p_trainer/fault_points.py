@@ -5,8 +5,8 @@ node carries out itself, exactly at the point) and the chaos scenarios (`lab/cha
 SIGKILL from outside, approximately):
 
 - "inner": in the middle of the round's inner steps;
-- "mix1": during the round's Mix1 (background) exchange: the node itself strikes once Mix1 has
-  delivered its contributions;
+- "mix1": during the round's Mix1 (background) exchange, or DiLoCo's background re-agreement
+  of anchors: the node itself strikes once it has delivered its contributions;
 - "blocking": during the round's blocking exchange: the node itself strikes once it has delivered
   its contributions (phase 1), before it averages its own part, so the rest of its group waits
   for a part that never comes;

@@ -135,6 +135,20 @@ class _BlockingExchanges:
             wire_dtype=xcfg.wire_dtype,
         )
 
+    def _start_behind(self, tag: str, state: OuterState, group: int, weight: float) -> PendingExchange:
+        """Start averaging the anchor in the background, for the length of the round's inner steps.
+
+        Waiting for a partner's contribution here costs no compute until the round ends, so the
+        part owners wait for the whole round plus `mix1_grace_s`, not the blocking window of §4:
+        that window can be shorter than a transfer at WAN rates (bench/RESULTS.md, "round
+        alignment and Mix1's wait").
+        """
+        req = self._request(tag, state.round, group, weight)
+        behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
+        wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
+        req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
+        return self.exchange.start(state.anchor, req)
+
     def _average(
         self,
         tensors: list[torch.Tensor],
@@ -164,11 +178,40 @@ def _finish(
     copy_into(params, anchor)
 
 
+def merged_fully(res: ExchangeResult) -> bool:
+    """Every part is the group mean and nobody was left out: the members agree afterwards."""
+    return isinstance(res, Ok) and not (res.own_parts or res.late_parts or res.left_out)
+
+
 class DiLoCo(_NoGradientSync, _BlockingExchanges):
-    """§1: blocking all-peer average of Δ, Nesterov outer step."""
+    """§1: blocking all-peer average of Δ, Nesterov outer step; anchors re-agree in the background."""
+
+    def __init__(
+        self,
+        cfg: OuterConfig,
+        exchange: Exchange,
+        timing: GraceTracker | None = None,
+        xcfg: ExchangeConfig = ExchangeConfig(),
+    ) -> None:
+        super().__init__(cfg, exchange, timing, xcfg)
+        self._reagree: PendingExchange | None = None
+        self._diverged = False
 
     def begin_round(self, state: OuterState, weight: float) -> None:
-        return None
+        every = self.cfg.reagree_every
+        if self._diverged or (every and state.round % every == every - 1):
+            self._reagree = self._start_behind("reagree", state, ALL, weight)
+
+    def _mixed_anchor(self, state: OuterState, report: RoundReport) -> list[torch.Tensor]:
+        if self._reagree is None:
+            return state.anchor
+        t0 = time.monotonic()
+        res = report.add("reagree", self._reagree.result(self.timing.window_s()), time.monotonic() - t0)
+        self._reagree = None
+        if isinstance(res, Ok) and merged_fully(res):
+            self._diverged = False
+            return res.tensors
+        return state.anchor
 
     def end_round(
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
@@ -176,11 +219,13 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
         res = self._average(delta, "outer", state.round, ALL, weight, report)
         mean_delta = res.tensors if isinstance(res, Ok) else delta
+        anchor = self._mixed_anchor(state, report)
+        self._diverged = self._diverged or not merged_fully(res)
         _finish(
             params,
             state,
             *outer.nesterov_outer_step(
-                state.anchor, state.momentum, mean_delta, self.cfg.outer_lr, self.cfg.outer_momentum
+                anchor, state.momentum, mean_delta, self.cfg.outer_lr, self.cfg.outer_momentum
             ),
         )
 
@@ -232,17 +277,7 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         self._mix1: PendingExchange | None = None
 
     def begin_round(self, state: OuterState, weight: float) -> None:
-        req = self._request("mix1", state.round, self.cfg.group_size, weight)
-        # Mix1 runs behind the inner steps, so waiting for a partner's contribution costs no compute
-        # until the round ends: its part owners wait for the whole round plus Mix1's grace, not the
-        # blocking window of §4. That window shrinks to grace_min_s once a long Mix2 has been timed,
-        # shorter than a half-model transfer at WAN rates, so Mix1 would then fail almost every
-        # round (numbers in bench/RESULTS.md, "round alignment and Mix1's wait").
-        behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
-        wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
-        req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
-        self._mix1_started = time.monotonic()
-        self._mix1 = self.exchange.start(state.anchor, req)
+        self._mix1 = self._start_behind("mix1", state, self.cfg.group_size, weight)
 
     def _mix1_result(self, state: OuterState, report: RoundReport) -> list[torch.Tensor]:
         if self._mix1 is None:

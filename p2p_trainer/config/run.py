@@ -72,6 +72,11 @@ class OuterConfig:
     """k2: consecutive Mix2 gossip rounds per blocking phase (0 skips Mix2)."""
     mix2_every: int = 1
     """Run Mix2 every K outer rounds (the knob between utilisation and agreement)."""
+    reagree_every: int = 8
+    """DiLoCo: every this many rounds, and in the round after an exchange that merged only in part
+    or failed, also average the anchors φ over all peers in the background (overlapping the inner
+    steps, like Mix1), so anchors that drifted apart (a member died mid-exchange, views differed)
+    agree again. 0: only after such exchanges. Other methods mix their anchors already."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
@@ -104,6 +109,10 @@ class OuterConfig:
         )
         require(self.mix2_rounds >= 0, "outer.mix2_rounds must be >= 0 (0 skips Mix2)")
         require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
+        require(
+            self.reagree_every >= 0,
+            f"outer.reagree_every={self.reagree_every}: use >= 0 (0: after faults only)",
+        )
         require(
             self.target_tokens_per_round >= 0,
             f"outer.target_tokens_per_round={self.target_tokens_per_round}: use >= 0 (0 disables)",

@@ -1,8 +1,8 @@
 """Local suspicion of dead peers, faster than the heartbeat TTL.
 
 A peer that took a message before and now refuses one is most likely dead: it is *suspect* for
-`suspect_s` seconds, and exchanges stop waiting for it (it stays in the groups, which must be
-the same on every peer, until its heartbeat expires). A peer
+`suspect_s` seconds, exchanges stop waiting for it, and it leaves this peer's view and, through
+this peer's heartbeat, the others' (`swarm_view.py`). A peer
 never reached yet is not suspected on a failed send (a new node's routing warms up for a few
 seconds); it becomes suspect only when a send gives up for good. Any delivery clears suspicion.
 """

@@ -5,12 +5,12 @@ the in-process backend, so no matchmaking round-trips are needed and groups chan
 The member list is hashed into the exchange key: peers whose views of the swarm differ (a join
 or a death not yet seen by all) simply do not meet, and time out into `Failed` instead of
 mixing inconsistent parts. Waiting is bounded by the request's quorum and grace window
-(`allreduce.py`). Peers that a failed send marked suspect (`health.py`) are not waited for, so a
-dead peer stops costing grace windows before its heartbeat expires; they stay in the groups
-until then. Suspicion is local: leaving suspects out of the groups made the peers' member lists
-differ (one had seen the failed send, the other not), and then no one met until the dead peer's
-heartbeat expired. Kept in, the survivors merge every part but the dead peer's from the next round
-on.
+(`allreduce.py`). Peers that a failed send marked suspect (`health.py`) are not waited for, and
+they leave the groups: the live view leaves out this peer's suspects and those other peers name in
+their heartbeats (`swarm_view.py`), so the survivors' member lists agree again within about one
+heartbeat period. Until then, members whose views differ form different keys and do not meet;
+a dead member whose slot stayed in the groups for the whole heartbeat TTL would instead leave
+its part of the vector unmerged (each survivor keeping its own values) round after round.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
 from p2p_trainer.net.exchange_tap import NO_TAP, ExchangeTap
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Transport
+
+BACKGROUND_TAGS = frozenset({"mix1", "reagree"})
+"""Exchanges that run behind the inner steps (fault point "mix1"); the others block."""
 
 
 def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -128,7 +131,7 @@ class NetworkExchange:
         flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
         group = self._group(request)
         deadline = time.monotonic() + request.timeout_s
-        point: FaultPoint = "mix1" if request.tag == "mix1" else "blocking"
+        point: FaultPoint = "mix1" if request.tag in BACKGROUND_TAGS else "blocking"
         contributed = None
         if self.faults.wants(point, request.round):  # only then does the butterfly wait for delivery
             contributed = functools.partial(self.faults.reached, point, request.round)

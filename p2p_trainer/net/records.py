@@ -108,6 +108,9 @@ class Heartbeat:
     """A tombstone: the peer left cleanly; `list_live_peers` drops it before its TTL runs out."""
     round_started: float = 0.0
     """DHT time when the peer began round `round`; 0 when unknown (peers may line up on it)."""
+    suspects: tuple[str, ...] = ()
+    """Peers this one has just failed to reach (`health.py`): the others leave them out of their
+    groups until they publish a newer heartbeat, so a death spreads in one heartbeat period."""
 
     def encode(self) -> bytes:
         return pack(asdict(self))
@@ -133,7 +136,21 @@ class Heartbeat:
             round_started=float(_non_negative(fields, "round_started", (int, float)))
             if "round_started" in fields
             else 0.0,
+            suspects=_suspects(fields.get("suspects", [])),
         )
+
+
+MAX_SUSPECTS = 32
+"""Suspects one heartbeat may name; more would not fit `MAX_RECORD_BYTES` with room to spare."""
+
+
+def _suspects(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or len(value) > MAX_SUSPECTS:
+        raise RecordError(f"field 'suspects' must be a list of at most {MAX_SUSPECTS} peer ids")
+    for peer in value:
+        if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_STR or not set(peer) <= set(B58_ALPHABET):
+            raise RecordError(f"field 'suspects' holds {peer!r}, not a base58 peer id")
+    return tuple(value)
 
 
 def _check_heartbeat(heartbeat: Heartbeat) -> Heartbeat:

@@ -11,6 +11,14 @@ expire in some views but not others: peers then form different groups and the ex
 all of them (data-parallel peers on 10 Mbit/s links are the typical case).
 So a peer whose messages reached this one within `ttl_s` stays in view (`hear_from`) unless it
 left cleanly; a dead peer sends nothing, so it still drops out within `ttl_s`.
+
+A death is known sooner than that. A peer whose sends to X failed (X refused the connection:
+`health.py`) names X among the `suspects` of its heartbeat, and drops X from its own view at once;
+every other peer drops X when it reads a heartbeat naming it that is newer than X's own latest
+heartbeat. Groups are derived from the views, so the survivors agree on the new member list
+within about one heartbeat period instead of keeping a dead member's slot in their groups for
+the whole TTL. A live peer named by mistake is back in view with its next heartbeat once the
+suspicion ends (`PeerHealth.suspect_s`).
 """
 
 from __future__ import annotations
@@ -41,6 +49,17 @@ class PeerStatus:
     """DHT time when this peer began `round` (0: not yet)."""
 
 
+def reported_dead(beats: list[records.Heartbeat], self_id: str) -> set[str]:
+    """Peers named as suspects in a heartbeat newer than their own latest one (never this peer)."""
+    latest = {h.peer_id: h.timestamp for h in beats}
+    dead = set()
+    for h in beats:
+        for peer in h.suspects:
+            if peer != self_id and peer != h.peer_id and h.timestamp > latest.get(peer, 0.0):
+                dead.add(peer)
+    return dead
+
+
 class SwarmView:
     def __init__(
         self,
@@ -56,6 +75,7 @@ class SwarmView:
         self._known: set[str] = set()
         self._left: set[str] = set()
         self._heard: Callable[[float], set[str]] | None = None
+        self._suspects: Callable[[], set[str]] = set
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
@@ -74,6 +94,7 @@ class SwarmView:
             timestamp=records.now(),
             leaving=leaving,
             round_started=st.round_started,
+            suspects=tuple(sorted(self._suspects() - {self.node.peer_id}))[: records.MAX_SUSPECTS],
         )
 
     def _refresh(self) -> None:
@@ -112,13 +133,18 @@ class SwarmView:
         """Also count as live the peers `heard_within(ttl_s)` returns (those whose messages arrived)."""
         self._heard = heard_within
 
+    def share_suspects(self, suspects: Callable[[], set[str]]) -> None:
+        """Publish `suspects()` in the heartbeat and leave them out of this view."""
+        self._suspects = suspects
+
     def live_peers(self) -> list[str]:
-        ids = {h.peer_id for h in self.heartbeats()}
+        beats = self.heartbeats()
+        ids = {h.peer_id for h in beats}
         if self._heard is not None:
             with self._lock:
                 left = set(self._left)
             ids |= self._heard(self.ttl_s) - left
-        return sorted(ids)
+        return sorted(ids - self._suspects() - reported_dead(beats, self.node.peer_id))
 
     def lost_sight(self) -> bool:
         """No other peer is in view, but some were before: this peer was stalled or cut off."""

@@ -28,7 +28,7 @@ from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.state_sync import StateServer
 from p2p_trainer.net.swarm_entry import join_swarm
-from p2p_trainer.net.swarm_view import SwarmView
+from p2p_trainer.net.swarm_view import SwarmView, reported_dead
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
@@ -87,7 +87,7 @@ class JoinOptions:
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
     """Live peers that do work (§6), for sizing this peer's share of a constant-work round.
 
-    Left out: peers a failed send marked suspect (dead until their heartbeat expires), and peers
+    Left out: peers a failed send (here or at a peer whose heartbeat says so) marked suspect, and peers
     still joining: reporting round 0 while this one has trained for longer than a few heartbeat
     periods (before that, round 0 is just the heartbeats' lag at the start of a swarm). The clock
     starts at the first call, i.e. when training starts: the wait for the other peers and a late
@@ -99,10 +99,9 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
         if not started:
             started.append(time.monotonic())
         settled = view.status.round > 0 and time.monotonic() - started[0] > 3 * period_s
-        suspects = health.suspects()
-        return [
-            h.peer_id for h in view.heartbeats() if h.peer_id not in suspects and (h.round > 0 or not settled)
-        ]
+        beats = view.heartbeats()
+        suspects = health.suspects() | reported_dead(beats, view.node.peer_id)
+        return [h.peer_id for h in beats if h.peer_id not in suspects and (h.round > 0 or not settled)]
 
     return live
 
@@ -185,6 +184,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
         faults=faults,
         tap=tap,
     )
+    view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
     peer = Peer(
         cfg,
         exchange,

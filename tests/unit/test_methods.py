@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import torch
@@ -11,7 +12,7 @@ from p2p_trainer.algo.groups import group_seed, partition
 from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
 from p2p_trainer.config import ExchangeConfig, OuterConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
-from p2p_trainer.exchange.interface import ExchangeRequest, Ok
+from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok, PendingExchange
 
 
 def _peers(n: int, seed: int = 0) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
@@ -186,3 +187,53 @@ def test_mix1_waits_for_its_partner_all_round_even_after_a_long_mix2_shrank_the_
     assert mix2[-1].grace_s == 1.0  # the blocking window after an 8 s sync: grace_min_s
     assert mix1[-1].grace_s == 10 * 0.5 + 2.0  # H steps plus Mix1's grace
     assert mix1[-1].result_wait_s >= mix1[-1].grace_s
+
+
+def test_diloco_reagrees_drifted_anchors_in_the_background() -> None:
+    anchors, fast = _peers(3)
+    for i, a in enumerate(anchors):  # anchors that drifted apart, e.g. after a partial exchange
+        a[0] += 0.05 * (i + 1)
+    deltas = [outer.pseudo_grad(anchors[i], fast[i]) for i in range(3)]
+    mean_delta = outer.weighted_mean(deltas, [1.0] * 3)
+    zeros = [torch.zeros_like(a) for a in anchors[0]]
+    mean_anchor = outer.weighted_mean(anchors, [1.0] * 3)
+    expected, _ = outer.nesterov_outer_step(mean_anchor, zeros, mean_delta, 0.7, 0.9)
+    states, reports = _end_rounds(OuterConfig.for_method("diloco", reagree_every=1), anchors, fast)
+    for s, r in zip(states, reports, strict=True):
+        assert [e.tag for e in r.exchanges] == ["outer", "reagree"] and all(e.ok for e in r.exchanges)
+        for got, want in zip(s.anchor, expected, strict=True):
+            torch.testing.assert_close(got, want)
+    # without it the anchors stay apart by what they drifted
+    states, reports = _end_rounds(OuterConfig.for_method("diloco", reagree_every=0), anchors, fast)
+    assert [e.tag for e in reports[0].exchanges] == ["outer"]
+    assert not torch.allclose(states[0].anchor[0], states[2].anchor[0])
+
+
+class _Scripted:
+    """An exchange whose blocking results are scripted per tag; background ones echo the inputs."""
+
+    def __init__(self, outcomes: dict[str, list[ExchangeResult]]) -> None:
+        self.outcomes = outcomes
+        self.started: list[tuple[str, int]] = []
+
+    def average(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        return self.outcomes[request.tag].pop(0)
+
+    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> PendingExchange:
+        self.started.append((request.tag, request.round))
+        done = InProcessSwarm(1, seed=0).exchange(0)
+        return done.start(tensors, dataclasses.replace(request, group_size=ALL))
+
+
+def test_diloco_reagrees_in_the_round_after_a_partial_exchange_until_one_succeeds() -> None:
+    params = [torch.zeros(4)]
+    partial = Ok([torch.zeros(4)], group_size=2, total_weight=2.0, own_parts=1, left_out=("dead",))
+    full = Ok([torch.zeros(4)], group_size=2, total_weight=2.0)
+    ex = _Scripted({"outer": [full, partial, Failed("views differ"), full, full]})
+    method = build_method(OuterConfig.for_method("diloco", reagree_every=0), ex)
+    state = OuterState.from_params(params)
+    for _ in range(5):
+        method.begin_round(state, 1.0)
+        method.end_round(params, state, 1.0, RoundReport(state.round))
+    # round 1 merged in part, round 2 failed: rounds 2 and 3 re-agree; round 3's succeeds
+    assert ex.started == [("reagree", 2), ("reagree", 3)]

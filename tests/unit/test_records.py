@@ -79,6 +79,9 @@ MALFORMED = {
     "other-peer-id": heartbeat(PEER_B).encode(),
     "non-base58-peer-id": heartbeat("12D3KooW0OIl").encode(),
     "far-future": heartbeat(timestamp=records.now() + 3600).encode(),
+    "suspects-not-a-list": _raw({**heartbeat().__dict__, "suspects": PEER_B}),
+    "suspects-not-base58": _raw({**heartbeat().__dict__, "suspects": ["12D3KooW0OIl"]}),
+    "suspects-too-many": _raw({**heartbeat().__dict__, "suspects": [PEER_B] * (records.MAX_SUSPECTS + 1)}),
 }
 
 
@@ -178,5 +181,33 @@ def test_view_keeps_peers_heard_from_but_not_those_that_left(dht: hivemind.DHT) 
         view.hear_from(heard)
         assert view.live_peers() == sorted([PEER_A, me, heard_only])
         assert asked == [8.0]  # evidence as fresh as a heartbeat must be
+    finally:
+        view.close()
+
+
+def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_again(dht: hivemind.DHT) -> None:
+    from p2p_trainer.net.identity import peer_id_from_public_key
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, reporter = (peer_id_from_public_key(bytes([i]) * 32) for i in (3, 4))
+    t0 = records.now()
+    records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 - 2.0), ttl_s=30)
+    records.publish_heartbeat(
+        dht, "death", heartbeat(reporter, timestamp=t0, suspects=(PEER_A, me)), ttl_s=30
+    )
+    mine: set[str] = set()
+    view = SwarmView(_Node(dht, me), "death", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
+    try:
+        view.share_suspects(lambda: set(mine))
+        # A's last heartbeat is older than the report; this peer never drops itself
+        assert view.live_peers() == sorted([me, reporter])
+        records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 + 1.0), ttl_s=30)
+        view._refresh()  # the view thread's period is 60 s here: read the DHT now
+        assert view.live_peers() == sorted([PEER_A, me, reporter])  # A spoke after the report
+        mine.add(PEER_A)  # this peer's own failed send
+        assert view.live_peers() == sorted([me, reporter])
+        view._refresh()
+        published = {b.peer_id: b for b in records.list_live_peers(dht, "death")}
+        assert published[me].suspects == (PEER_A,)  # and the others hear of it
     finally:
         view.close()

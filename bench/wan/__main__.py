@@ -1,14 +1,20 @@
-"""Head-to-head on the emulated WAN: our methods vs DiLoCo, NoLoCo, data-parallel,
-independent training and hivemind.Optimizer, same model, data, seed and inner optimizer.
+"""Head-to-head on the emulated WAN: our methods vs DiLoCo, NoLoCo, data-parallel, independent
+training, hivemind.Optimizer and a bare torch loop; same model, data streams, seed and inner optimizer.
 
-    python -m bench.wan --out runs/wan            # the full comparison
-    python -m bench.wan --quick --out runs/wanq   # a few minutes
-    python -m bench.wan --scaling --out runs/wans # 2/4/8 peers
+    python -m bench.wan --out runs/wan                       # constant LR after warm-up
+    python -m bench.wan --schedule anneal --out runs/wan-a   # cosine ending at each arm's budget
+    python -m bench.wan --quick --out runs/wanq              # a few minutes, one seed
+    python -m bench.wan --scaling --out runs/wans            # 2/4/8 peers
 
-Each (method, seed) gets a fresh testbed (bootstrap + N peers in namespaces, capped links and CPUs)
-and the same wall-time budget; methods are interleaved and the order reverses every seed, so slow
-drift of a shared machine cancels. Peers save φ snapshots while training; they are evaluated after
-each run. Writes results.json, table.md and PNG plots to --out, and prints the targets as ratios.
+Each (arm, seed) gets a fresh testbed (N peers in namespaces, capped links and CPUs; a bootstrap
+node for the arms that need one). Peer k of every arm reads data stream `slot{k}`. Every peer of
+a run trains for the same budget after the swarm's shared start and is stopped there; its model
+at exactly the budget is evaluated (bench/wan/budget.py, evaluate.py). Configs with alternatives
+(which factored variant, which hivemind averaging mode) are picked on `--tuning-seeds` and
+reported on `--report-seeds`; arms are interleaved per seed, the order reversed every seed, and
+the 1-minute load is recorded before and after each run. The ideal (exact in-process
+data-parallel, same peers and streams, the independent arm's median step count) gives the
+fraction of ideal collaboration each arm retains. Writes results.json, table.md and plots to --out.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,93 +33,65 @@ from typing import Any
 
 import torch
 
-from bench.wan.analysis import Evaluator, add_exchange_bytes, loss_curve, median, run_stats
-from bench.wan.runs import CANONICAL, SwarmSpec, Variant, run_swarm, variant_config
+from bench.wan.analysis import Evaluator, add_exchange_bytes, run_stats
+from bench.wan.budget import interleaved, pick_best, split_seeds
+from bench.wan.evaluate import budget_eval, prune_snapshots
+from bench.wan.ideal import ideal_config, run_ideal
+from bench.wan.plan import anneal_steps, arms, families, scheduled
+from bench.wan.runs import SwarmSpec, Variant, run_swarm, variant_config
+from bench.wan.scaling import run_scaling, scaling_markdown
 from bench.wan.sim_check import calibrate, sim_comparison
+from bench.wan.summary import headline, summarise
 from bench.wan.tables import markdown, plots
-from bench.wan.targets import sanity, seed_comparison, targets
-from p2p_trainer.config import load_config
+from bench.wan.targets import sanity, targets
+from p2p_trainer.config import RunConfig, load_config
 from p2p_trainer.lab.testbed import support_problem
 
 logger = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_TOTAL_STEPS = 400
-"""Inner steps each peer is scheduled for (warm-up, then cosine to 0.1×): docs/algorithms.md's reference
-setting (4 ranks × 400 steps). A peer stops at this many steps or at the wall-time budget, whichever
-comes first, so a method that keeps its CPU busy gets further down the same schedule. (With an
-unending schedule, i.e. a constant learning rate, the DiLoCo family falls behind independent
-training per token in the quick run; the reference comparisons are made with the cosine.)"""
-
-
-def variants(h: int, mix2_every: list[int], align_rounds: bool = True) -> list[Variant]:
-    align = {"align_rounds": align_rounds}  # ours only: the baselines are blocking, which aligns them
-    out = [
-        Variant("data-parallel", "data-parallel", {"num_inner_steps": 1, **CANONICAL}, snapshot_every=h),
-        Variant("diloco", "diloco", CANONICAL),
-        Variant("noloco", "noloco", CANONICAL),
-        Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align}),
-    ]
-    out += [
-        Variant(
-            f"factored-mix2-k{k}",
-            "factored",
-            {"mix2_rounds": 1, "mix2_every": k, "mix2_group_size": 0, **align},
-        )
-        for k in mix2_every
-    ]
-    # float16 on the wire (exchange.wire_dtype): half the bytes; asked for by name with --methods
-    half = {"wire_dtype": "float16"}
-    extra = [Variant("factored-mix1-fp16", "factored", {"mix2_rounds": 0, **align, **half})]
-    extra += [
-        Variant(
-            f"factored-mix2-k{k}-fp16",
-            "factored",
-            {"mix2_rounds": 1, "mix2_every": k, "mix2_group_size": 0, **align, **half},
-        )
-        for k in mix2_every
-    ]
-    return [*out, Variant("independent", "independent"), Variant("hivemind", "hivemind"), *extra]
+QUICK_ARMS = ("bare", "independent", "data-parallel", "diloco", "factored-mix2-k2", "hivemind")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs") / f"wan-{time.strftime('%Y%m%d-%H%M%S')}")
-    p.add_argument("--quick", action="store_true", help="Small model, short runs, one seed, 5 methods.")
+    p.add_argument("--quick", action="store_true", help="Small model, short runs, one report seed, 6 arms.")
+    p.add_argument("--schedule", choices=("constant", "anneal"), default="constant")
+    p.add_argument("--tuning-seeds", type=int, nargs="*", default=None, help="Default 100 101 (quick: none).")
+    p.add_argument("--report-seeds", type=int, nargs="+", default=None, help="Default 0 1 2 (quick: 0).")
     p.add_argument(
-        "--no-align-rounds",
-        action="store_true",
-        help="Factored variants without round alignment (outer.align_rounds), to measure what it does.",
+        "--budget-s", type=float, default=None, help="Training time per run (default 220, quick 40)."
     )
-    p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--budget-s", type=float, default=None, help="Wall time per run (default 270, quick 40).")
+    p.add_argument(
+        "--pilot-s", type=float, default=None, help="Pilot length for --schedule anneal (60; quick 20)."
+    )
     p.add_argument("--inner-steps", type=int, default=None, help="H (default 10).")
-    p.add_argument(
-        "--total-steps", type=int, default=None, help="Scheduled inner steps per peer (400; quick 600)."
-    )
-    p.add_argument(
-        "--min-rounds",
-        type=int,
-        default=None,
-        help="Extend a run past the budget until every peer has this many rounds (default 30; quick 0).",
-    )
     p.add_argument("--mix2-every", type=int, nargs="+", default=[4], help="K values for factored Mix1+Mix2.")
-    p.add_argument("--methods", nargs="+", default=None, help="Subset of variant names.")
+    p.add_argument("--arms", nargs="+", default=None, help="Subset of arm names (default: all).")
+    p.add_argument("--wire-dtype", choices=("float16", "float32"), default="float16")
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--rate-mbit", type=float, default=10.0)
     p.add_argument("--cpu-cores", type=float, default=0.45)
-    p.add_argument("--max-points", type=int, default=None, help="Snapshots evaluated per run (20; quick 10).")
+    p.add_argument("--points", type=int, default=None, help="Evaluation times per run (12; quick 4).")
+    p.add_argument("--keep-snapshots", action="store_true", help="Keep snapshots the evaluation did not use.")
+    p.add_argument("--no-align-rounds", action="store_true", help="Factored arms without outer.align_rounds.")
+    p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
     p.add_argument("--analyse-only", action="store_true", help="Re-analyse the runs already in --out.")
     p.add_argument("--loaded", action="store_true", help="Label the results as measured on a loaded machine.")
-    p.add_argument(
-        "--no-calibration",
-        action="store_true",
-        help="Skip the 2-peer runs that measure the simulator's testbed terms (the simulator comparison).",
-    )
-    return p.parse_args(argv)
+    p.add_argument("--calibration", action="store_true", help="Also run the simulator's 2-peer calibration.")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.tuning_seeds = args.tuning_seeds if args.tuning_seeds is not None else ([] if q else [100, 101])
+    args.report_seeds = args.report_seeds or ([0] if q else [0, 1, 2])
+    args.budget_s = args.budget_s or (40.0 if q else 220.0)
+    args.pilot_s = args.pilot_s or (20.0 if q else 60.0)
+    args.points = args.points or (4 if q else 12)
+    args.inner_steps = args.inner_steps or 10
+    if q and args.mix2_every == [4]:
+        args.mix2_every = [2]
+    return args
 
 
-def base_config(quick: bool) -> Any:
+def base_config(quick: bool) -> RunConfig:
     cfg = load_config()  # the packaged default run
     cfg = dataclasses.replace(cfg, inner=dataclasses.replace(cfg.inner, eval_every=0))
     if quick:  # a model small enough that data-parallel takes enough steps in seconds
@@ -121,195 +100,168 @@ def base_config(quick: bool) -> Any:
     return cfg
 
 
-# ------------------------------------------------------------------------------------------- runs
-def run_all(args: argparse.Namespace, vs: list[Variant], spec: SwarmSpec, h: int) -> dict[str, Any]:
-    cfg0 = base_config(args.quick)
-    ev = Evaluator(cfg0)
-    runs: list[dict[str, Any]] = []
-    partial = args.out / "runs.partial.json"
-    planned = {(v.name, seed) for v in vs for seed in args.seeds}
-    earlier = json.loads(partial.read_text()) if partial.exists() else []
-    # --analyse-only reuses the loss curves evaluated before; a new run into the same --out (e.g. a
-    # method and seed that were interrupted) keeps the other runs' entries
-    evaluated = {(r["variant"], r["seed"]): r["curve"] for r in earlier} if args.analyse_only else {}
-    kept = [r for r in earlier if (r["variant"], r["seed"]) not in planned]
-    for n, seed in enumerate(args.seeds):
-        order = vs if n % 2 == 0 else vs[::-1]
-        for v in order:
-            cfg = variant_config(dataclasses.replace(cfg0, seed=seed), v, h, spec.timeout_s)
-            cfg = dataclasses.replace(cfg, rounds=max(1, args.total_steps // cfg.outer.num_inner_steps))
-            run_dir = args.out / "runs" / f"{v.name}-s{seed}"
-            logger.info("run %s seed %d (%s)", v.name, seed, run_dir)
-            if args.analyse_only:  # a finished run's files, analysed again; unfinished ones skipped
-                if not (run_dir / "run.json").exists():
-                    continue
-                run = json.loads((run_dir / "run.json").read_text())
-            else:
-                run = run_swarm(v, cfg, spec, run_dir)
-            # a run extended for --min-rounds is measured over all of it; comparisons stay at the budget
-            window = max(spec.budget_s, run.get("stop_s", spec.budget_s))
-            value_bytes = 2 if cfg.exchange.wire_dtype == "float16" else 4  # the theory and bounds follow it
-            stats = run_stats(run_dir, run, spec.peers, spec.rate_mbit, window, ev.num_params, value_bytes)
-            curve = evaluated.get((v.name, seed)) or loss_curve(
-                run_dir, spec.peers, ev, args.max_points, window
-            )
-            runs.append({"variant": v.name, "seed": seed, "run": run, "stats": stats, "curve": curve})
+class Bench:
+    """Runs (or re-reads) arms on seeds and evaluates them; remembers every run it did."""
+
+    def __init__(self, args: argparse.Namespace, spec: SwarmSpec) -> None:
+        self.args, self.spec = args, spec
+        self.cfg0 = base_config(args.quick)
+        self.ev = Evaluator(self.cfg0)
+        self.total_steps: dict[str, int | None] = {}
+        """--schedule anneal: each arm's cosine length, from its pilot."""
+
+    def config(self, v: Variant, seed: int, schedule: str) -> RunConfig:
+        cfg = variant_config(
+            dataclasses.replace(self.cfg0, seed=seed), v, self.args.inner_steps, self.spec.timeout_s
+        )
+        return scheduled(cfg, schedule, self.total_steps.get(v.name))
+
+    def run(
+        self, v: Variant, seed: int, phase: str, spec: SwarmSpec, schedule: str, points: int
+    ) -> dict[str, Any]:
+        run_dir = self.args.out / phase / f"{v.name}-s{seed}"
+        cfg = self.config(v, seed, schedule)
+        saved = run_dir / "eval.json"
+        if self.args.analyse_only and saved.exists():
+            return json.loads(saved.read_text())
+        logger.info("%s: %s seed %d (%s)", phase, v.name, seed, run_dir)
+        run = (
+            json.loads((run_dir / "run.json").read_text())
+            if self.args.analyse_only
+            else run_swarm(v, cfg, spec, run_dir)
+        )
+        value_bytes = 2 if v.method == "hivemind" or cfg.exchange.wire_dtype == "float16" else 4
+        stats = run_stats(
+            run_dir, run, spec.peers, spec.rate_mbit, spec.budget_s, self.ev.num_params, value_bytes
+        )
+        ev = budget_eval(run_dir, run, spec.peers, self.ev, points)
+        if not self.args.keep_snapshots:
+            prune_snapshots(run_dir, spec.peers, ev["used_snapshots"])
+        entry = {"variant": v.name, "seed": seed, "phase": phase, "run": run, "stats": stats, "eval": ev}
+        entry["curve"] = ev["curve"]
+        saved.write_text(json.dumps(entry, indent=1))
+        logger.info(
+            "  %s: loss at budget %s, %s tokens/s/peer, utilisation (own timer) %s, load %.1f -> %.1f",
+            v.name, ev.get("mean_peer_loss"), ev.get("tokens_per_s_per_peer"), stats["utilisation"],
+            run["load_before"][0], run["load_after"][0],
+        )  # fmt: skip
+        return entry
+
+    def pilots(self, vs: list[Variant], seed: int) -> dict[str, Any]:
+        """--schedule anneal: a short constant-rate run of each arm; its steps/s sets the cosine length."""
+        spec = dataclasses.replace(self.spec, budget_s=self.args.pilot_s)
+        out = {}
+        for v in vs:
+            e = self.run(v, seed, "pilots", spec, "constant", 1)
+            rate = e["eval"].get("steps_per_s")
+            self.total_steps[v.name] = anneal_steps(rate, self.spec.budget_s, self.cfg0.inner.warmup_steps)
+            out[v.name] = {"steps_per_s": rate, "total_steps": self.total_steps[v.name]}
             logger.info(
-                "  %s: utilisation %s, rounds %d, final loss %s, tx %.1f MB/peer (x%.3f theory)",
-                v.name, stats["utilisation"], stats["rounds_min"], curve[-1]["val_loss"] if curve else None,
-                stats["tx_bytes_per_peer"] / 1e6, stats["bytes_vs_theory"] or float("nan"),
-            )  # fmt: skip
-            if not args.analyse_only:
-                partial.write_text(json.dumps(kept + runs, indent=1))
-    add_exchange_bytes(runs)
-    return {"runs": runs, "num_params": ev.num_params}
-
-
-def summarise(
-    runs: list[dict[str, Any]], names: list[str], seeds: list[int], budget_s: float
-) -> tuple[dict[str, Any], list[Any]]:
-    per_seed = [
-        seed_comparison({r["variant"]: r["curve"] for r in runs if r["seed"] == s}, budget_s) for s in seeds
-    ]
-    summary: dict[str, Any] = {}
-    for v in names:
-        rs = [r["stats"] for r in runs if r["variant"] == v]
-        if not rs:
-            continue
-        keys = (
-            "utilisation",
-            "round_time_s",
-            "step_compute_s",
-            "blocked_p50_s",
-            "blocked_p95_s",
-            "blocked_max_s",
-        )
-        keys += ("tx_bytes_per_peer", "rx_bytes_per_peer", "theory_bytes_per_peer", "bytes_vs_theory")
-        keys += ("control_bytes_per_peer", "exchange_bytes_vs_theory")
-        keys += ("tx_bytes_per_peer_per_round", "consensus_distance")
-        s: dict[str, Any] = {k: median([r[k] for r in rs]) for k in keys}
-        s["rounds_min"] = min(r["rounds_min"] for r in rs)
-        s["failed_exchanges"] = sum(r["failed_exchanges"] for r in rs)
-        tags = {t for r in rs for t in r["exchange_time_vs_bound"]}
-        s["exchange_time_vs_bound"] = {
-            t: median([r["exchange_time_vs_bound"].get(t, {}).get("p50") for r in rs]) for t in sorted(tags)
-        }
-        ttags = {t for r in rs for t in r.get("transfer_time_vs_bound", {})}
-        s["transfer_time_vs_bound"] = {
-            t: median([r["transfer_time_vs_bound"].get(t, {}).get("p50") for r in rs]) for t in sorted(ttags)
-        }
-        for k in (
-            "loss_at_equal_time",
-            "loss_at_equal_tokens",
-            "final_loss",
-            "final_tokens",
-            "time_to_diloco_final_s",
-        ):
-            s[k] = median([c.get("methods", {}).get(v, {}).get(k) for c in per_seed])
-        summary[v] = s
-    return summary, per_seed
-
-
-# ------------------------------------------------------------------------------------------- scaling
-def run_scaling(args: argparse.Namespace) -> dict[str, Any]:
-    """Bytes per peer per round and blocked time, all-peer rounds (DiLoCo) vs random pairs (NoLoCo)."""
-    cfg0 = base_config(args.quick)
-    h = args.inner_steps or 10
-    args.total_steps = args.total_steps or 100_000  # bytes and blocking only: run to the budget
-    budget = args.budget_s or 90.0  # includes start-up: 8 peers at 0.2 core need ~30 s
-    ev = Evaluator(cfg0)
-    rows: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
-    for n in (2, 4, 8):
-        # the same CPU cap at every size, so that blocked time compares like with like
-        spec = SwarmSpec(n, args.rate_mbit, min(args.cpu_cores, 0.2), budget)
-        # independent peers move only the control plane (DHT, heartbeats): measured at each size,
-        # so the exchange bytes per round can be told apart from it (add_exchange_bytes)
-        for v in (
-            Variant("diloco", "diloco"),
-            Variant("noloco", "noloco"),
-            Variant("independent", "independent"),
-        ):
-            cfg = dataclasses.replace(
-                variant_config(cfg0, v, h, spec.timeout_s), rounds=max(1, args.total_steps // h)
+                "  pilot %s: %s steps/s -> cosine over %s steps", v.name, rate, self.total_steps[v.name]
             )
-            run_dir = args.out / "scaling" / f"{v.name}-n{n}"
-            run = run_swarm(v, cfg, spec, run_dir)
-            st = run_stats(run_dir, run, n, args.rate_mbit, budget, ev.num_params)
-            runs.append({"variant": v.name, "seed": n, "stats": st})
-            rows.append(
-                {
-                    "peers": n, "method": v.name, "cpu_cores": spec.cpu_cores, "rounds_min": st["rounds_min"],
-                    "rounds_mean": st["rounds_all"],
-                    "tx_bytes_per_peer_per_round": st["tx_bytes_per_peer_per_round"],
-                    "theory_bytes_per_round": st["theory_bytes_per_peer"] / max(1, st["rounds_all"]),
-                    "blocked_p50_s": st["blocked_p50_s"], "blocked_p95_s": st["blocked_p95_s"],
-                    "blocked_max_s": st["blocked_max_s"], "utilisation": st["utilisation"],
-                }
-            )  # fmt: skip
-            logger.info("scaling %s", rows[-1])
-    add_exchange_bytes(runs)  # "seed" is the peer count here: each size's own control plane
-    for row, r in zip(rows, runs, strict=True):
-        st = r["stats"]
-        control = st.get("control_bytes_per_peer")
-        row["control_bytes_per_peer_per_s"] = control / st["wall_s"] if control is not None else None
-        row["exchange_bytes_per_peer_per_round"] = (
-            (st["tx_payload_bytes_per_peer"] - control) / row["rounds_mean"]
-            if control is not None and row["rounds_mean"] and row["method"] != "independent"
-            else None
+        return out
+
+    def seeds(self, vs: list[Variant], seeds: list[int], phase: str) -> list[dict[str, Any]]:
+        by_name = {v.name: v for v in vs}
+        runs = []
+        for n, seed in enumerate(seeds):
+            for name in interleaved([v.name for v in vs], n):
+                runs.append(
+                    self.run(by_name[name], seed, phase, self.spec, self.args.schedule, self.args.points)
+                )
+        return runs
+
+    def ideal(self, runs: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
+        """In-process data-parallel for the seed's independent arm's median step count."""
+        indep = [
+            r for r in runs if r["variant"] == "independent" and r["seed"] == seed and r["eval"].get("steps")
+        ]
+        if not indep:
+            return None
+        path = self.args.out / "ideal" / f"s{seed}.json"
+        if self.args.analyse_only and path.exists():
+            return dict(json.loads(path.read_text()))
+        steps = int(statistics.median(indep[0]["eval"]["steps"]))
+        cfg = ideal_config(dataclasses.replace(self.cfg0, seed=seed), steps, self.args.schedule == "anneal")
+        logger.info(
+            "ideal: seed %d, %d data-parallel steps of %d peers in-process", seed, steps, self.spec.peers
         )
-    rows = [r for r in rows if r["method"] != "independent"] + [
-        r for r in rows if r["method"] == "independent"
+        t = time.monotonic()
+        model, tokens = run_ideal(cfg, self.spec.peers, steps)
+        out = {"steps": steps, "tokens": tokens, "loss": self.ev.loss(model), "wall_s": time.monotonic() - t}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out))
+        return out
+
+
+def choose(
+    bench: Bench, candidates: list[Variant], fams: dict[str, list[str]]
+) -> tuple[dict[str, str], list[Any]]:
+    """Per family, the member with the lowest median loss at the budget on the tuning seeds."""
+    if not bench.args.tuning_seeds:
+        return {f: names[0] for f, names in fams.items()}, []
+    runs = bench.seeds(candidates, bench.args.tuning_seeds, "tuning")
+    picked = {}
+    for f, names in fams.items():
+        losses = {n: [r["eval"].get("mean_peer_loss") for r in runs if r["variant"] == n] for n in names}
+        picked[f] = pick_best(losses) or names[0]
+    return picked, [
+        {"variant": r["variant"], "seed": r["seed"], "loss": r["eval"].get("mean_peer_loss")} for r in runs
     ]
 
-    def spread_of(key: str) -> float | None:
-        vals = [r[key] for r in rows if r["method"] == "noloco" and r[key]]
-        return (max(vals) / min(vals) - 1) if len(vals) > 1 else None
 
-    # the target is about what the mixing moves; the wire total (control plane included) is reported too
-    spread, wire_spread = (
-        spread_of("exchange_bytes_per_peer_per_round"),
-        spread_of("tx_bytes_per_peer_per_round"),
+def head_to_head(args: argparse.Namespace, meta: dict[str, Any]) -> dict[str, Any]:
+    split_seeds(args.tuning_seeds, args.report_seeds, min_report=1 if args.quick else 3)
+    spec = SwarmSpec(
+        args.peers, args.rate_mbit, args.cpu_cores, args.budget_s, timeout_s=15.0 if args.quick else 30.0
     )
-    return {
-        "rows": rows,
-        "random_groups_bytes_spread": spread,
-        "random_groups_wire_bytes_spread": wire_spread,
-        "met": spread is not None and spread <= 0.10,
-        "budget_s": budget,
-        "inner_steps": h,
+    bench = Bench(args, spec)
+    wanted = args.arms or (QUICK_ARMS if args.quick else None)
+    vs = [v for v in arms(args.inner_steps, args.mix2_every, args.wire_dtype, not args.no_align_rounds)
+          if wanted is None or v.name in wanted]  # fmt: skip
+    fams = families(vs)
+    candidates = [v for v in vs if v.family]
+    if args.schedule == "anneal":
+        meta["pilots"] = bench.pilots(vs, (args.tuning_seeds or args.report_seeds)[0])
+    picked, tuning = choose(bench, candidates, fams)
+    report = [v for v in vs if not v.family or picked.get(v.family) == v.name]
+    runs = bench.seeds(report, args.report_seeds, "report")
+    add_exchange_bytes(runs)
+    ideal = {s: d for s in args.report_seeds if (d := bench.ideal(runs, s)) is not None}
+    names = [v.name for v in report]
+    summary, per_seed = summarise(runs, names, args.report_seeds, ideal)
+    meta.update(picked=picked, tuning=tuning, num_params=bench.ev.num_params, load_avg_at_end=os.getloadavg())
+    results: dict[str, Any] = {
+        "meta": meta,
+        "summary": summary,
+        "per_seed": per_seed,
+        "runs": runs,
+        "ideal": ideal,
     }
-
-
-def scaling_markdown(sc: dict[str, Any]) -> str:
-    lines = [
-        "| peers | method | CPU cap | rounds | MB sent/peer/round: wire | exchange | theory "
-        "| control plane kB/s/peer | blocked p50 / p95 / max (s) | utilisation |"
-    ]
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-
-    def mb(x: float | None) -> str:
-        return f"{x / 1e6:.3f}" if x else "-"
-
-    for r in sc["rows"]:
-        c = r.get("control_bytes_per_peer_per_s")
-        lines.append(
-            f"| {r['peers']} | {r['method']} | {r['cpu_cores']:.2f} | {r['rounds_min']} | "
-            f"{mb(r['tx_bytes_per_peer_per_round'])} | {mb(r.get('exchange_bytes_per_peer_per_round'))} | "
-            f"{mb(r['theory_bytes_per_round'])} | {f'{c / 1e3:.1f}' if c is not None else '-'} | "
-            f"{r['blocked_p50_s'] or 0:.2f} / {r['blocked_p95_s'] or 0:.2f} / {r['blocked_max_s'] or 0:.2f} | "
-            f"{r['utilisation'] or 0:.3f} |"
+    results["targets"] = targets(summary, per_seed)
+    results["sanity"] = sanity(summary, per_seed)
+    results["hivemind_lr"] = hivemind_lr_check(
+        args.out / "report", [v.name for v in report if v.method == "hivemind"]
+    )
+    if args.calibration and "independent" in summary:
+        terms = calibrate(bench.cfg0, spec, args.inner_steps, args.out, bench.ev.num_params)
+        results["sim"] = sim_comparison(
+            summary, spec, args.inner_steps, bench.ev.num_params, args.mix2_every, terms
         )
-    spread, wire = sc["random_groups_bytes_spread"], sc.get("random_groups_wire_bytes_spread")
-    if spread is not None:
-        lines.append(
-            f"\nRandom groups: exchange bytes per peer per round vary by {spread * 100:.1f}% from 2 to 8 peers "
-            f"(target <= 10%); on the wire, control plane included, by {(wire or 0) * 100:.1f}%."
-        )
-    return "\n".join(lines) + "\n"
+    return results
 
 
-# ------------------------------------------------------------------------------------------- main
+def hivemind_lr_check(report_dir: Path, names: list[str]) -> dict[str, Any]:
+    """Did the hivemind arm's torch optimizer hold the scheduled rate at every logged step?"""
+    worst, n = 0.0, 0
+    for name in names:
+        for trace in report_dir.glob(f"{name}-s*/peer*/lr.jsonl"):
+            for line in trace.read_text().splitlines():
+                d = json.loads(line)
+                worst, n = max(worst, abs(d["held"] - d["set"]) / max(1e-12, d["set"])), n + 1
+    return {"steps_checked": n, "max_relative_error": worst, "ok": n > 0 and worst < 1e-6}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -325,57 +277,25 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "load_avg_at_start": os.getloadavg(), "loaded": args.loaded, "align_rounds": not args.no_align_rounds,
         "peers": args.peers, "rate_mbit": args.rate_mbit, "cpu_cores": args.cpu_cores,
+        "schedule": args.schedule, "budget_s": args.budget_s, "inner_steps": args.inner_steps,
+        "tuning_seeds": args.tuning_seeds, "report_seeds": args.report_seeds, "seeds": args.report_seeds,
+        "mix2_every": args.mix2_every, "wire_dtype": args.wire_dtype,
     }  # fmt: skip
     if args.scaling:
-        sc = run_scaling(args)
+        sc = run_scaling(args, base_config(args.quick))
         meta["load_avg_at_end"] = os.getloadavg()
         (args.out / "scaling.json").write_text(json.dumps({"meta": meta, **sc}, indent=2))
         (args.out / "scaling.md").write_text(scaling_markdown(sc))
         print(scaling_markdown(sc))
         return 0
-    h = args.inner_steps or 10
-    args.max_points = args.max_points or (10 if args.quick else 20)
-    args.total_steps = args.total_steps or (600 if args.quick else DEFAULT_TOTAL_STEPS)
-    args.seeds = args.seeds or ([0] if args.quick else [0, 1])
-    budget = args.budget_s or (40.0 if args.quick else 270.0)
-    quick_names = ("data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind")
-    ks = [2] if args.quick else args.mix2_every
-    wanted = args.methods or (quick_names if args.quick else None)
-    vs = [
-        v
-        for v in variants(h, ks, not args.no_align_rounds)
-        if (v.name in wanted if wanted is not None else not v.name.endswith("-fp16"))
-    ]
-    min_rounds = args.min_rounds if args.min_rounds is not None else (0 if args.quick else 30)
-    spec = SwarmSpec(
-        args.peers, args.rate_mbit, args.cpu_cores, budget, min_rounds=min_rounds,
-        timeout_s=15.0 if args.quick else 30.0,
-    )  # fmt: skip
-    done = run_all(args, vs, spec, h)
-    summary, per_seed = summarise(done["runs"], [v.name for v in vs], args.seeds, budget)
-    meta.update(
-        {
-            "inner_steps": h,
-            "budget_s": budget,
-            "min_rounds": min_rounds,
-            "seeds": args.seeds,
-            "mix2_every": ks,
-            "num_params": done["num_params"],
-            "load_avg_at_end": os.getloadavg(),
-        }
-    )
-    results: dict[str, Any] = {"meta": meta, "summary": summary, "per_seed": per_seed, "runs": done["runs"]}
-    results["targets"] = targets(summary, per_seed)
-    results["sanity"] = sanity(summary, per_seed)
-    if not (args.quick or args.no_calibration) and "independent" in summary:
-        terms = calibrate(base_config(args.quick), spec, h, args.out, done["num_params"])
-        results["sim"] = sim_comparison(summary, spec, h, done["num_params"], ks, terms)
+    results = head_to_head(args, meta)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown(results)
+    table = headline(results) + "\n" + markdown(results)
     (args.out / "table.md").write_text(table)
     plots(results, args.out)
     print(table)
     print("sanity:", json.dumps(results["sanity"]))
+    print("hivemind learning rate applied:", json.dumps(results["hivemind_lr"]))
     for t in results["targets"]:
         print(f"target {t['target']}: {t['value']} (bound {t['bound']}) {'MET' if t['met'] else 'MISSED'}")
     print(

@@ -6,6 +6,7 @@ run.json with interface counters); evaluation happens after training, so it cost
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -18,7 +19,6 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.round_log import RoundRecord, read_log
 from p2p_trainer.train.data import load_corpus, validation_batches
 from p2p_trainer.train.model import build_model
-from p2p_trainer.train.snapshots import SnapshotInfo, list_snapshots, load_snapshot
 
 
 class Evaluator:
@@ -63,34 +63,6 @@ def bound_s(group: int, num_params: int, rate_mbit: float, value_bytes: int = 4)
 
 
 # ------------------------------------------------------------------------------------------- curves
-def loss_curve(
-    run_dir: Path, peers: int, ev: Evaluator, max_points: int, budget_s: float
-) -> list[dict[str, float]]:
-    """Mean over peers of each peer's own φ at the snapshot rounds every peer reached in the budget."""
-    snaps: list[dict[int, SnapshotInfo]] = [
-        {s.round: s for s in list_snapshots(run_dir / f"peer{i}" / "snapshots") if s.time_s <= budget_s}
-        for i in range(peers)
-    ]
-    common = sorted(set.intersection(*(set(s) for s in snaps))) if snaps else []
-    if len(common) > max_points:
-        stride = len(common) / max_points
-        picked = {common[min(len(common) - 1, int(k * stride))] for k in range(max_points)}
-        common = sorted(picked | {common[-1]})
-    curve = []
-    for rnd in common:
-        infos = [s[rnd] for s in snaps]
-        curve.append(
-            {
-                "round": rnd,
-                "time_s": max(i.time_s for i in infos),
-                "tokens": sum(i.tokens for i in infos),
-                "step": infos[0].step,
-                "val_loss": statistics.fmean(ev.loss(load_snapshot(i.path)) for i in infos),
-            }
-        )
-    return curve
-
-
 def loss_at_time(curve: list[dict[str, float]], t: float) -> float | None:
     before = [p for p in curve if p["time_s"] <= t]
     return before[-1]["val_loss"] if before else None
@@ -113,13 +85,6 @@ def time_to_loss(curve: list[dict[str, float]], target: float) -> float | None:
 # ------------------------------------------------------------------------------------------- one run
 HEADER_BYTES_PER_PACKET = 66
 """Ethernet (14) + IPv4 (20) + TCP with timestamps (32): what every packet adds to its payload."""
-
-
-def final_anchors(run_dir: Path, peers: int) -> list[list[torch.Tensor]]:
-    """Every peer's φ at the last snapshot round all of them reached."""
-    snaps = [{s.round: s for s in list_snapshots(run_dir / f"peer{i}" / "snapshots")} for i in range(peers)]
-    common = set.intersection(*(set(s) for s in snaps)) if snaps else set()
-    return [load_snapshot(s[max(common)].path) for s in snaps] if common else []
 
 
 def consensus_distance(anchors: list[list[torch.Tensor]]) -> float | None:
@@ -150,17 +115,21 @@ def _peer_stats(
     groups: dict[str, list[int]] = {}
     for r in all_rounds:
         for e in r.exchanges:
-            if e.ok:
+            if e.ok and (e.group_size >= 2 or e.group_size == 0):
                 groups.setdefault(e.tag, []).append(e.group_size if e.group_size > 0 else peers)
     for r in all_rounds:
         for e in r.exchanges:
             g = e.group_size if e.group_size > 0 else peers  # hivemind: all peers
+            usual = groups.get(e.tag)
             if not e.ok:
                 # a failed exchange records a group of one, but moved (most of) its bytes first:
                 # charge it the tag's usual group
-                usual = groups.get(e.tag)
                 theory_failed += pair_bytes(statistics.mode(usual), num_params, value_bytes) if usual else 0.0
                 continue
+            if g < 2 and e.merged and usual:
+                # a partial merge (some parts came back, others kept as own values) records the
+                # smallest part's group, one: it sent and waited for the whole group's bytes
+                g = statistics.mode(usual)
             if g < 2:
                 continue
             theory += pair_bytes(g, num_params, value_bytes)
@@ -177,7 +146,10 @@ def _peer_stats(
         "theory_bytes": theory,
         "theory_bytes_failed": theory_failed,
         "failed_exchanges": sum(1 for e in exchanges if not e.ok),
+        "partial_merges": sum(1 for e in exchanges if e.ok and e.merged and 0 < e.group_size < 2),
         "exchanges": len(exchanges),
+        "recorded_sent": sum(e.bytes_sent for e in exchanges),
+        "recorded_received": sum(e.bytes_received for e in exchanges),
     }
     return stats, blocked, ratios
 
@@ -231,8 +203,11 @@ def run_stats(
     blocked: list[float] = []
     ratios: dict[str, list[float]] = {}
     peers_rounds: list[list[RoundRecord]] = []
+    t0 = run.get("t0_unix")
     for i in range(peers):
         rounds = read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds
+        if t0 is not None:  # on the swarm's clock: seconds since its shared start
+            rounds = [dataclasses.replace(r, time_s=r.unix_time - t0) for r in rounds]
         peers_rounds.append(rounds)
         stats, b, r = _peer_stats(rounds, budget_s, peers, rate_mbit, num_params, value_bytes)
         blocked += b
@@ -241,6 +216,7 @@ def run_stats(
         iface = run["iface"][f"peer{i}"]
         stats["tx_bytes"], stats["rx_bytes"] = iface["tx_bytes"], iface["rx_bytes"]
         stats["tx_payload_bytes"] = iface["tx_bytes"] - HEADER_BYTES_PER_PACKET * iface.get("tx_packets", 0)
+        stats["rx_payload_bytes"] = iface["rx_bytes"] - HEADER_BYTES_PER_PACKET * iface.get("rx_packets", 0)
         stats["tcp_retrans_segs"] = iface.get("tcp_retrans_segs")
         per_peer.append(stats)
     rounds_done = min(p["rounds"] for p in per_peer)
@@ -265,7 +241,7 @@ def run_stats(
         "theory_bytes_per_peer_ok_only": theory_ok,
         "wire_bytes_vs_theory": tx / theory if theory else None,
         "tx_payload_bytes_per_peer": payload,
-        "wall_s": run["wall_s"],
+        "wall_s": run.get("window_s", run["wall_s"]),  # the counters' window: launch to the budget
         "bytes_vs_theory": payload / theory if theory else None,
         "tx_bytes_per_peer_per_round": tx / all_rounds if all_rounds else None,
         "exchange_time_vs_bound": {
@@ -278,8 +254,12 @@ def run_stats(
             ).items()
         },
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),
+        "partial_merges": sum(p["partial_merges"] for p in per_peer),
         "exchanges": sum(p["exchanges"] for p in per_peer),
-        "consensus_distance": consensus_distance(final_anchors(run_dir, peers)),
+        # what the exchanges' own records say they moved (both directions), beside the counters
+        "recorded_sent_per_peer": statistics.fmean(p["recorded_sent"] for p in per_peer),
+        "recorded_received_per_peer": statistics.fmean(p["recorded_received"] for p in per_peer),
+        "rx_payload_bytes_per_peer": statistics.fmean(p["rx_payload_bytes"] for p in per_peer),
     }
 
 

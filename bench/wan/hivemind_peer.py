@@ -1,21 +1,28 @@
 """The baseline users have today: our model and data, trained with `hivemind.Optimizer`.
 
     python -m bench.wan.hivemind_peer --config run.toml --initial-peers MADDR --host IP \
-        --run-dir D --peers 4 [--minutes 4] [--snapshot-every 1]
+        --run-dir D --data-key slot0 --peers 4 [--minutes 6] [--no-delay-state-averaging]
 
-Configured the way its users run it (HIVEMIND_NOTES.md): local updates (`use_local_updates=True`,
-each peer's AdamW steps on its own gradients) and parameter averaging whenever the swarm has
-processed `target_batch_size = peers * H * batch_size` samples, i.e. about every H local steps,
-blocking (`delay_state_averaging=False`: of hivemind's two modes, the one that trains better on
-the bench's links, so the baseline is compared at its best). Chunk timeouts are set for a slow
-link, as the notes advise. Same inner optimizer, schedule, clipping, model, data and seed as
-`p2p-trainer join`; writes the same metrics.jsonl records (one per averaging epoch) and snapshots,
-so `python -m bench.wan` treats it like any other method. Bytes come from the interface counters.
+Configured as hivemind's Optimizer docstring recommends for this setting: local updates
+(`use_local_updates=True`: each peer's AdamW steps on its own gradients, parameters averaged
+whenever the swarm has processed `target_batch_size = peers * H * batch_size` samples, i.e. about
+every H local steps), averaging in the background (`delay_state_averaging=True`, hivemind's
+default; `--no-delay-state-averaging` blocks in `step` instead: the bench tries both on its
+tuning seeds), float16 on the wire for averaging and state downloads (`Float16Compression`, as
+our arms' `wire_dtype = "float16"`), chunk timeouts for a slow link. Same inner optimizer,
+schedule, clipping, model, data stream and seed as `p2p-trainer join`.
+
+The learning rate is set every local step on the torch optimizer hivemind steps (`opt.opt`;
+`opt.param_groups` hands out copies) and read back: lr.jsonl records, per round, the rate set and
+the rate the optimizer holds, so the bench can check that the schedule took effect. Writes the
+records and snapshots `join` writes (a round every H local steps), so `python -m bench.wan`
+treats it like any other arm. Bytes come from the interface counters.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import threading
@@ -25,14 +32,13 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.compression import Float16Compression
 
+from bench.wan.bare_peer import RoundLog, scheduled_lr
 from p2p_trainer.config import load_config
-from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
+from p2p_trainer.round_log import ExchangeRecord
 from p2p_trainer.train.data import TokenStream, load_corpus, validation_batches
-from p2p_trainer.train.metrics import MetricsWriter
 from p2p_trainer.train.model import build_model
-from p2p_trainer.train.snapshots import save_snapshot
-from p2p_trainer.train.trainer import lr_factor
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +49,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--initial-peers", action="append", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--run-dir", required=True)
+    p.add_argument("--data-key", required=True, help="Seeds the data stream (the bench: slot{k}).")
     p.add_argument("--peers", type=int, required=True, help="Expected swarm size (sets target_batch_size).")
     p.add_argument("--minutes", type=float, default=None)
-    p.add_argument("--snapshot-every", type=int, default=0, help="Save params every this many epochs.")
+    p.add_argument("--no-delay-state-averaging", action="store_true", help="Average inside step (blocking).")
     p.add_argument("--matchmaking-time-s", type=float, default=5.0)
     p.add_argument("--next-chunk-timeout-s", type=float, default=30.0)
     p.add_argument("--averaging-timeout-s", type=float, default=120.0)
@@ -72,8 +79,7 @@ def main() -> int:
         host_maddrs=[f"/ip4/{args.host}/tcp/0"],
         start=True,
     )
-    peer_key = str(dht.peer_id)
-    stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, peer_key)
+    stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, args.data_key)
     inner, h = cfg.inner, cfg.outer.num_inner_steps
     opt = hivemind.Optimizer(
         dht=dht,
@@ -85,7 +91,9 @@ def main() -> int:
         ),
         params=model.parameters(),
         use_local_updates=True,
-        delay_state_averaging=False,
+        delay_state_averaging=not args.no_delay_state_averaging,
+        state_averaging_compression=Float16Compression(),
+        load_state_compression=Float16Compression(),
         matchmaking_time=args.matchmaking_time_s,
         averaging_timeout=args.averaging_timeout_s,
         next_chunk_timeout=args.next_chunk_timeout_s,
@@ -93,7 +101,7 @@ def main() -> int:
     )
     try:
         wait_for_peers(opt, args.peers, stop)
-        return train(args, cfg, model, opt, stream, val, stop, run_dir, peer_key)
+        return train(args, cfg, model, opt, stream, val, stop, run_dir)
     finally:
         opt.shutdown()
         dht.shutdown()
@@ -110,6 +118,12 @@ def wait_for_peers(
     logger.info("starting with %d peers in the tracker", opt.tracker.global_progress.num_peers)
 
 
+def set_lr(opt: hivemind.Optimizer, lr: float) -> None:
+    """Set the rate on the torch optimizer that hivemind steps."""
+    for group in opt.opt.param_groups:
+        group["lr"] = lr
+
+
 def train(
     args: argparse.Namespace,
     cfg: Any,
@@ -119,60 +133,44 @@ def train(
     val: list[tuple[torch.Tensor, torch.Tensor]],
     stop: threading.Event,
     run_dir: Path,
-    peer_key: str,
 ) -> int:
-    inner = cfg.inner
-    total_steps = cfg.rounds * cfg.outer.num_inner_steps
-    started = time.monotonic()
-    deadline = started + 60 * args.minutes if args.minutes else float("inf")
-    metrics = MetricsWriter(run_dir / "metrics.jsonl")
-    metrics.write(StartRecord(peer_key, time.time(), method="hivemind"))
+    inner, h = cfg.inner, cfg.outer.num_inner_steps
     params = [p for p in model.parameters() if p.requires_grad]
-    step = tokens = round_start_tokens = rounds = 0
-    epoch = opt.local_epoch
-    t_round, compute_s, blocked_s, losses = time.monotonic(), 0.0, 0.0, []
-    while step < total_steps and not stop.is_set() and time.monotonic() < deadline:
+    log = RoundLog(run_dir, args.data_key, "hivemind", params)
+    lr_trace = open(run_dir / "lr.jsonl", "w")
+    deadline = log.started + 60 * args.minutes if args.minutes else float("inf")
+    step = tokens = 0
+    epoch, exchanges = opt.local_epoch, []
+    while step < cfg.total_inner_steps and not stop.is_set() and time.monotonic() < deadline:
         t0 = time.monotonic()
-        for group in opt.param_groups:
-            group["lr"] = inner.lr * lr_factor(step, inner.warmup_steps, total_steps, inner.min_lr_ratio)
+        wanted = scheduled_lr(cfg, step)
+        set_lr(opt, wanted)
         x, y = stream.next_batch()
         loss = model(x, y)
         loss.backward()
         if inner.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, inner.grad_clip)
+        held = float(opt.opt.param_groups[0]["lr"])  # what the step below uses
         t1 = time.monotonic()
         opt.step()  # local AdamW step; when the swarm reached target_batch_size, also averaging
         opt.zero_grad()
         t2 = time.monotonic()
         step, tokens = step + 1, tokens + x.numel()
-        losses.append(float(loss))
         averaged = opt.local_epoch != epoch
-        compute_s += (t1 - t0) + (0.0 if averaged else t2 - t1)
-        blocked_s += t2 - t1 if averaged else 0.0
-        if averaged:
-            epoch, rounds = opt.local_epoch, rounds + 1
-            now = time.monotonic()
-            # group_size 0: hivemind does not say who took part (the analysis counts all peers)
-            exchange = ExchangeRecord("hivemind", True, 0, t2 - t1, t2 - t1)
-            metrics.write(
-                RoundRecord(
-                    peer=peer_key, time_s=now - started, unix_time=time.time(), round=rounds - 1,
-                    step=step, tokens=tokens, train_loss=sum(losses) / len(losses), val_loss=None,
-                    compute_s=compute_s, blocked_s=blocked_s, wall_s=now - t_round,
-                    round_tokens=tokens - round_start_tokens, exchanges=(exchange,),
-                )
-            )  # fmt: skip
-            if args.snapshot_every and rounds % args.snapshot_every == 0:
-                save_snapshot(run_dir / "snapshots", params, rounds, step, tokens, now - started)
-            t_round, compute_s, blocked_s, losses, round_start_tokens = now, 0.0, 0.0, [], tokens
-    save_snapshot(run_dir / "final", params, rounds, step, tokens, time.monotonic() - started)
-    metrics.write(
-        FinalRecord(
-            peer=peer_key, round=rounds, tokens=tokens, val_loss=evaluate(model, val),
-            time_s=time.monotonic() - started, stopped=stop.is_set(), step=step,
+        if averaged:  # group_size 0: hivemind does not say who took part (the analysis counts all)
+            epoch = opt.local_epoch
+            exchanges.append(ExchangeRecord("hivemind", True, 0, t2 - t1, t2 - t1, started_unix=time.time()))
+        log.step_done(
+            float(loss), x.numel(), (t1 - t0) + (0.0 if averaged else t2 - t1), t2 - t1 if averaged else 0.0
         )
-    )  # fmt: skip
-    metrics.close()
+        if step % h == 0:
+            # the rate the torch optimizer used for this step (load_state_from_peers may replace groups)
+            lr_trace.write(json.dumps({"step": step - 1, "set": wanted, "held": held, "epoch": epoch}) + "\n")
+            lr_trace.flush()
+            log.end_round(step, tokens, tuple(exchanges))
+            exchanges = []
+    lr_trace.close()
+    log.close(step, tokens, evaluate(model, val), stop.is_set())
     return 0
 
 

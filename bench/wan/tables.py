@@ -14,7 +14,7 @@ def _f(x: Any, fmt: str = ".3f") -> str:
 def markdown(results: dict[str, Any]) -> str:
     meta, summary = results["meta"], results["summary"]
     lines = [
-        f"Command: `python -m bench.wan {meta['command']}`  ",
+        f"Command: `{meta['command']}`  ",
         f"Date: {meta['date_utc']}; machine: {meta['machine']}; load average at start / end: "
         f"{', '.join(f'{x:.1f}' for x in meta['load_avg_at_start'])} / "
         f"{', '.join(f'{x:.1f}' for x in meta.get('load_avg_at_end', ()))}",

@@ -38,7 +38,7 @@ def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
         assert (out / name).stat().st_size > 0, name
     results = json.loads((out / "results.json").read_text())
     summary = results["summary"]
-    assert set(summary) == {"data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind"}
+    assert set(summary) == {"bare", "data-parallel", "diloco", "factored-mix2-k2", "independent", "hivemind"}
     for name, s in summary.items():
         assert s["utilisation"] is not None and 0 < s["utilisation"] <= 1.0, name
         assert s["final_loss"] is not None and s["final_loss"] < 5.0, name  # trained (5.55 = uniform)
@@ -48,6 +48,10 @@ def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
     assert sanity["data_parallel_best_per_token"], sanity["loss_at_equal_tokens"]
     assert sanity["bytes_within_5pct"], sanity["bytes_vs_theory"]
     assert results["targets"], "the targets are printed as ratios"
+    assert results["hivemind_lr"]["ok"], results["hivemind_lr"]  # its schedule took effect
+    assert results["ideal"], "the ideal run gives the fraction of ideal collaboration"
+    for name, s in summary.items():
+        assert s["throughput_vs_bare"] is not None and s["fraction_of_ideal_mean_peer"] is not None, name
     if not sanity["independent_worst_per_token"]:
         # Not the harness: the in-process backend (no network) gives the same order on this model,
         # e.g. `p2p-trainer inprocess --method diloco` vs `--method independent`, d_model 48,

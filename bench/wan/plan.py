@@ -1,0 +1,77 @@
+"""The head-to-head's arms and their schedules.
+
+Fixed arms: the bare torch loop, independent training, data-parallel, DiLoCo and NoLoCo. Two
+families of alternatives, one member of each picked on the tuning seeds: our factored method
+(Mix1 only, or Mix1 + Mix2 every K rounds) and hivemind.Optimizer (averaging in the background,
+its default, or blocking in `step`). Every arm of ours sends `wire_dtype` on the wire, and
+hivemind sends float16 (`Float16Compression`).
+
+Schedules, the same shape for every arm: `constant` (warm-up, then the peak rate to the end) or
+`anneal` (warm-up, then cosine to `min_lr_ratio`, ending where that arm's pilot says it will be
+when the budget runs out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from bench.wan.runs import CANONICAL, Variant
+from p2p_trainer.config import RunConfig
+
+ENDLESS_STEPS = 1_000_000
+"""Inner steps scheduled under `constant`: more than any arm reaches, so only the budget stops it."""
+
+
+def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = True) -> list[Variant]:
+    """Every arm, fixed ones first; `family` marks the alternatives the tuning seeds choose between."""
+    wire = {"wire_dtype": wire_dtype}
+    align = {"align_rounds": align_rounds}  # ours only: the baselines are blocking, which aligns them
+    out = [
+        Variant("bare", "bare"),
+        Variant("independent", "independent"),
+        Variant("data-parallel", "data-parallel", {"num_inner_steps": 1, **CANONICAL, **wire}),
+        Variant("diloco", "diloco", {**CANONICAL, **wire}),
+        Variant("noloco", "noloco", {**CANONICAL, **wire}),
+        Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
+    ]
+    out += [
+        Variant(
+            f"factored-mix2-k{k}",
+            "factored",
+            {"mix2_rounds": 1, "mix2_every": k, "mix2_group_size": 0, **align, **wire},
+            family="factored",
+        )
+        for k in mix2_every
+    ]
+    out += [
+        Variant("hivemind", "hivemind", {"delay_state_averaging": True}, family="hivemind"),
+        Variant("hivemind-blocking", "hivemind", {"delay_state_averaging": False}, family="hivemind"),
+    ]
+    return out
+
+
+def families(vs: list[Variant]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for v in vs:
+        if v.family:
+            out.setdefault(v.family, []).append(v.name)
+    return out
+
+
+def scheduled(cfg: RunConfig, schedule: str, total_steps: int | None = None) -> RunConfig:
+    """`cfg` (one arm's) on the schedule: `constant`, or `anneal` with the cosine ending at `total_steps`."""
+    h = cfg.outer.num_inner_steps
+    if schedule == "constant":
+        inner = dataclasses.replace(cfg.inner, min_lr_ratio=1.0)
+        return dataclasses.replace(cfg, inner=inner, rounds=ENDLESS_STEPS // h)
+    if schedule != "anneal" or not total_steps:
+        raise ValueError(f"schedule {schedule!r} with total_steps={total_steps}")
+    return dataclasses.replace(cfg, rounds=max(1, math.ceil(total_steps / h)))
+
+
+def anneal_steps(steps_per_s: float | None, budget_s: float, warmup_steps: int) -> int | None:
+    """The steps an arm reaches by the budget at its pilot's rate (at least its warm-up and one more)."""
+    if not steps_per_s:
+        return None
+    return max(warmup_steps + 1, round(steps_per_s * budget_s))

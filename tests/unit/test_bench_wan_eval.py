@@ -1,0 +1,85 @@
+"""The WAN bench's evaluation at exactly the budget, from files a run leaves, and its byte counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.wan.analysis import Evaluator, _peer_stats, pair_bytes
+from bench.wan.evaluate import budget_eval, prune_snapshots
+from p2p_trainer.config import ModelConfig, RunConfig
+from p2p_trainer.round_log import ExchangeRecord, RoundRecord
+from p2p_trainer.train.metrics import MetricsWriter
+from p2p_trainer.train.snapshots import list_snapshots, save_snapshot
+
+
+def _tiny() -> RunConfig:
+    cfg = RunConfig(rounds=1)
+    model = dataclasses.replace(cfg.model, d_model=16, n_layers=1, n_heads=2, seq_len=16)
+    assert isinstance(model, ModelConfig)
+    return dataclasses.replace(
+        cfg, model=model, data=dataclasses.replace(cfg.data, val_batches=1, batch_size=2)
+    )
+
+
+def _peer(
+    run_dir: Path, i: int, offset: float, snaps: list[tuple[float, float]], base: list[torch.Tensor]
+) -> None:
+    """Peer i: its clock starts at Unix `offset`; snapshots (time_s, value added to every weight)."""
+    w = MetricsWriter(run_dir / f"peer{i}" / "metrics.jsonl")
+    for k, (t, bump) in enumerate(snaps):
+        w.write(RoundRecord("p", t, offset + t, k, 10 * (k + 1), 100 * (k + 1), 1.0, None, 1.0, 0.0, 1.0))
+        tensors = [b + bump for b in base]
+        save_snapshot(run_dir / f"peer{i}" / "snapshots", tensors, k + 1, 10 * (k + 1), 100 * (k + 1), t)
+    w.close()
+
+
+def test_models_are_taken_at_exactly_the_budget_on_the_shared_clock(tmp_path: Path) -> None:
+    ev = Evaluator(_tiny())
+    base = [p.detach().clone() for p in ev.model.parameters()]
+    # peer 0's clock starts at 1000, peer 1's at 1004; t0 = 1010, budget 20 s: the models at Unix 1030
+    _peer(tmp_path, 0, 1000.0, [(8.0, 0.0), (19.0, 0.0), (30.0, 0.01), (31.0, 5.0)], base)
+    _peer(tmp_path, 1, 1004.0, [(6.0, 0.0), (26.0, 0.02), (27.0, 5.0)], base)
+    run = {"t0_unix": 1010.0, "budget_s": 20.0}
+    out = budget_eval(tmp_path, run, 2, ev, points=2)
+    assert out["ok"] and [p["time_s"] for p in out["curve"]] == [10.0, 20.0]
+    # at the budget: peer 0's snapshot at its 30 s (Unix 1030), peer 1's at its 26 s (Unix 1030)
+    assert out["steps"] == [30, 20] and out["tokens"] == [300, 200]
+    assert out["curve"][-1]["age_s"] == pytest.approx(0.0)
+    assert out["curve"][-1]["tokens"] == 500.0
+    # at 10 s (Unix 1020): peer 0's 19 s snapshot, peer 1's 6 s one, 1 and 10 s old
+    assert out["curve"][0]["tokens"] == 300.0 and out["curve"][0]["age_s"] == pytest.approx(10.0)
+    expected = [ev.loss([b + 0.01 for b in base]), ev.loss([b + 0.02 for b in base])]
+    assert out["peer_losses"] == pytest.approx(expected)
+    assert out["best_peer_loss"] == pytest.approx(min(expected))
+    assert out["consensus_loss"] == pytest.approx(ev.loss([b + 0.015 for b in base]), abs=1e-5)
+    gone = prune_snapshots(tmp_path, 2, out["used_snapshots"])
+    assert gone == 7 - len(out["used_snapshots"])
+    assert {
+        str(s.path) for i in range(2) for s in list_snapshots(tmp_path / f"peer{i}" / "snapshots")
+    } == set(out["used_snapshots"])
+
+
+def test_a_run_without_a_shared_start_has_no_models(tmp_path: Path) -> None:
+    out = budget_eval(tmp_path, {"t0_unix": None, "budget_s": 10.0}, 2, Evaluator(_tiny()), 3)
+    assert not out["ok"] and out["curve"] == []
+
+
+def test_partial_merges_count_in_bytes_and_exchange_time() -> None:
+    def ex(g: int, ok: bool = True, own_parts: int = 0) -> ExchangeRecord:
+        return ExchangeRecord("mix1", ok, g, elapsed_s=1.0, blocked_s=0.0, own_parts=own_parts)
+
+    rounds = [
+        RoundRecord("p", t, t, k, k, 0, 1.0, None, 1.0, 0.0, 1.0, exchanges=(e,))
+        for k, (t, e) in enumerate(
+            [(1.0, ex(2)), (2.0, ex(1, own_parts=1)), (3.0, ex(1)), (4.0, ex(1, ok=False))]
+        )
+    ]
+    stats, _, ratios = _peer_stats(rounds, 10.0, 4, 10.0, 1000)
+    # the full pair and the partial merge count as pairs; a group of one moved nothing
+    assert stats["theory_bytes"] == pytest.approx(2 * pair_bytes(2, 1000))
+    assert stats["theory_bytes_failed"] == pytest.approx(pair_bytes(2, 1000))
+    assert stats["partial_merges"] == 1 and len(ratios["mix1"]) == 2

@@ -10,6 +10,7 @@ import torch
 
 from bench.wan.analysis import Evaluator, _peer_stats, pair_bytes
 from bench.wan.evaluate import budget_eval, prune_snapshots
+from bench.wan.ideal import ideal_config, run_ideal
 from p2p_trainer.config import ModelConfig, RunConfig
 from p2p_trainer.round_log import ExchangeRecord, RoundRecord
 from p2p_trainer.train.metrics import MetricsWriter
@@ -83,3 +84,15 @@ def test_partial_merges_count_in_bytes_and_exchange_time() -> None:
     assert stats["theory_bytes"] == pytest.approx(2 * pair_bytes(2, 1000))
     assert stats["theory_bytes_failed"] == pytest.approx(pair_bytes(2, 1000))
     assert stats["partial_merges"] == 1 and len(ratios["mix1"]) == 2
+
+
+def test_the_ideal_is_exact_data_parallel_on_the_paired_streams() -> None:
+    cfg = ideal_config(_tiny(), steps=3, anneal=False)
+    assert cfg.outer.method == "data-parallel" and cfg.outer.num_inner_steps == 1 and cfg.rounds == 3
+    assert cfg.inner.min_lr_ratio == 1.0 and ideal_config(_tiny(), 3, anneal=True).inner.min_lr_ratio < 1.0
+    model, tokens = run_ideal(cfg, peers=2, steps=3)
+    assert tokens == 2 * 3 * cfg.data.batch_size * cfg.model.seq_len
+    # a few exact data-parallel steps lower the loss from the seed's initial model
+    ev = Evaluator(cfg)
+    start = ev.loss([p.detach().clone() for p in ev.model.parameters()])
+    assert ev.loss(model) < start

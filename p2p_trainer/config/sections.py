@@ -135,8 +135,9 @@ class ExchangeConfig:
     Method "independent" never exchanges, so it ignores this. A failed final exchange keeps the
     peer's own model (run/final_agreement.py)."""
     final_wait_s: float = 30.0
-    """Longest a finishing peer waits in the final agreement for the others: it covers the skew
-    between the peers' ends (a time bound starts when each peer started)."""
+    """Longest a finishing peer waits in the final agreement for the others (then at most
+    `timeout_s` for the transfer): it covers the skew between the peers' ends (a time bound starts
+    when each peer started)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "exchange")

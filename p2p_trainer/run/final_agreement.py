@@ -48,7 +48,8 @@ def wants_final_agreement(cfg: RunConfig) -> bool:
 
 
 def final_request(cfg: RunConfig) -> ExchangeRequest:
-    """The final exchange: all live peers, equal weights (the plain mean), everyone awaited.
+    """The final exchange: all live peers, equal weights (the plain mean), everyone awaited for at
+    most `final_wait_s`, then at most `exchange.timeout_s` (one exchange's bound) for the transfer.
 
     Always float32 on the wire: the result is the model the user keeps.
     """
@@ -58,7 +59,7 @@ def final_request(cfg: RunConfig) -> ExchangeRequest:
         cfg.rounds,
         ALL,
         weight=1.0,
-        timeout_s=wait_s,
+        timeout_s=wait_s + cfg.exchange.timeout_s,
         quorum_fraction=1.0,
         quorum_wait_s=wait_s,
         grace_s=0.0,

@@ -61,7 +61,7 @@ def test_the_request_meets_on_the_configured_rounds_with_everyone_in_float32() -
     req = final_request(cfg)
     assert (req.tag, req.round, req.group_size) == (FINAL_TAG, 7, ALL)
     assert req.quorum_fraction == 1.0 and req.weight == 1.0 and req.wire_dtype == "float32"
-    assert req.timeout_s == req.quorum_wait_s == 12.0
+    assert req.quorum_wait_s == 12.0 and req.timeout_s == 12.0 + cfg.exchange.timeout_s
 
 
 def test_every_peer_ends_with_the_mean_of_the_anchors() -> None:
@@ -84,7 +84,7 @@ def test_every_peer_ends_with_the_mean_of_the_anchors() -> None:
 
 
 def test_a_peer_that_meets_no_one_keeps_its_own_model() -> None:
-    cfg = tiny_config("diloco", rounds=3, final_wait_s=0.5)
+    cfg = tiny_config("diloco", rounds=3, final_wait_s=0.5, timeout_s=1.0)
     peer = _peers(cfg, 2)[1]  # peer0 never comes
     anchor, params = list(peer.state.anchor), [p.detach().clone() for p in peer.params]
     t0 = time.monotonic()

@@ -82,7 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     q = args.quick
     args.tuning_seeds = args.tuning_seeds if args.tuning_seeds is not None else ([] if q else [100, 101])
     args.report_seeds = args.report_seeds or ([0] if q else [0, 1, 2])
-    args.budget_s = args.budget_s or (40.0 if q else 220.0)
     args.pilot_s = args.pilot_s or (20.0 if q else 60.0)
     args.points = args.points or (4 if q else 12)
     args.inner_steps = args.inner_steps or 10
@@ -271,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
+    if not args.scaling:
+        args.budget_s = args.budget_s or (40.0 if args.quick else 220.0)
     meta = {
         "command": " ".join(["python -m bench.wan", *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "tuning_seeds": args.tuning_seeds, "report_seeds": args.report_seeds, "seeds": args.report_seeds,
         "mix2_every": args.mix2_every, "wire_dtype": args.wire_dtype,
     }  # fmt: skip
-    if args.scaling:
+    if args.scaling:  # its own default budget (run_scaling)
         sc = run_scaling(args, base_config(args.quick))
         meta["load_avg_at_end"] = os.getloadavg()
         (args.out / "scaling.json").write_text(json.dumps({"meta": meta, **sc}, indent=2))

@@ -110,9 +110,9 @@ def _budget(runs: list[dict[str, Any]]) -> float:
     return float(runs[0]["run"]["budget_s"]) if runs else 0.0
 
 
-def _col(summary: dict[str, Any], v: str, key: str, spec: str = ".3f") -> str:
+def _col(summary: dict[str, Any], v: str, key: str, spec: str = ".3f", scale: float = 1.0) -> str:
     rows = summary[v]["per_seed"].values()
-    return fmt_spread([r.get(key) for r in rows], spec)
+    return fmt_spread([None if r.get(key) is None else r[key] * scale for r in rows], spec)
 
 
 def headline(results: dict[str, Any]) -> str:
@@ -135,9 +135,8 @@ def headline(results: dict[str, Any]) -> str:
         frac = " / ".join(
             _col(summary, v, f"fraction_of_ideal_{k}", ".2f") for k in ("mean_peer", "consensus", "best_peer")
         )
-        mb = (
-            f"{_col(summary, v, 'tx_bytes_per_peer', '.3g')} / {_col(summary, v, 'rx_bytes_per_peer', '.3g')}"
-        )
+        sent, received = (_col(summary, v, f"{d}_bytes_per_peer", ".1f", 1e-6) for d in ("tx", "rx"))
+        mb = f"{sent} / {received}"
         load = ", ".join(f"{a:.1f}→{b:.1f}" for a, b in summary[v]["load_1min"])
         lines.append(
             f"| {v} | {_col(summary, v, 'mean_peer_loss')} | {_col(summary, v, 'consensus_loss')} "

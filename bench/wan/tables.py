@@ -11,6 +11,16 @@ def _f(x: Any, fmt: str = ".3f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _s(s: dict[str, Any], key: str, fmt: str = ".3f", scale: float = 1.0) -> str:
+    """A summary value: the median over seeds, with (min–max) beside it where there are several."""
+    v, r = s.get(key), s.get(f"{key}_range")
+    if v is None:
+        return "-"
+    if r and r[2] > 1:
+        return f"{v * scale:{fmt}} ({r[0] * scale:{fmt}}–{r[1] * scale:{fmt}})"
+    return format(v * scale, fmt)
+
+
 def markdown(results: dict[str, Any]) -> str:
     meta, summary = results["meta"], results["summary"]
     lines = [
@@ -20,14 +30,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"{', '.join(f'{x:.1f}' for x in meta.get('load_avg_at_end', ()))}",
         "",
         f"{meta['peers']} peers, {meta['rate_mbit']:g} Mbit/s links, {meta['cpu_cores']:g}-core caps, "
-        f"H = {meta['inner_steps']}, {meta['budget_s']:.0f} s per run"
-        + (
-            f" (compared at that time; a run goes on until its slowest peer has {meta['min_rounds']} rounds)"
-            if meta.get("min_rounds")
-            else ""
-        )
-        + f", seeds {meta['seeds']}, "
-        f"{meta['num_params']} parameters; medians over seeds."
+        f"H = {meta['inner_steps']}, {meta['budget_s']:.0f} s per run after the swarm's shared start "
+        f"(every model taken at exactly that time), {meta.get('schedule', 'constant')} schedule, "
+        f"report seeds {meta['seeds']}, "
+        f"{meta['num_params']} parameters; medians over the report seeds (min–max)."
         + (" **Measured while the machine was loaded by other jobs.**" if meta.get("loaded") else ""),
         "",
         "| method | val loss at equal time | at equal tokens | final | tokens | utilisation | compute s/step "
@@ -42,13 +48,13 @@ def markdown(results: dict[str, Any]) -> str:
             for t, r in s.get("exchange_time_vs_bound", {}).items()
         )
         lines.append(
-            f"| {v} | {_f(s.get('loss_at_equal_time'))} | {_f(s.get('loss_at_equal_tokens'))} "
-            f"| {_f(s.get('final_loss'))} | {_f(s.get('final_tokens'), '.3g')} | {_f(s.get('utilisation'))} "
-            f"| {_f(s.get('step_compute_s'), '.2f')} "
-            f"| {_f(s.get('blocked_p50_s'), '.2f')} / {_f(s.get('blocked_p95_s'), '.2f')} / "
-            f"{_f(s.get('blocked_max_s'), '.2f')} | {_f((s.get('tx_bytes_per_peer') or 0) / 1e6, '.1f')} "
-            f"| {_f(s.get('bytes_vs_theory'))} | {ex or '-'} | {_f(s.get('consensus_distance'), '.4f')} "
-            f"| {s.get('rounds_min')} | {_f(s.get('time_to_diloco_final_s'), '.0f')} |"
+            f"| {v} | {_s(s, 'loss_at_equal_time')} | {_s(s, 'loss_at_equal_tokens')} "
+            f"| {_s(s, 'final_loss')} | {_s(s, 'final_tokens', '.3g')} | {_s(s, 'utilisation')} "
+            f"| {_s(s, 'step_compute_s', '.2f')} "
+            f"| {_s(s, 'blocked_p50_s', '.2f')} / {_s(s, 'blocked_p95_s', '.2f')} / "
+            f"{_s(s, 'blocked_max_s', '.2f')} | {_s(s, 'tx_bytes_per_peer', '.1f', 1e-6)} "
+            f"| {_s(s, 'bytes_vs_theory')} | {ex or '-'} | {_s(s, 'consensus_distance', '.4f')} "
+            f"| {s.get('rounds_min')} | {_s(s, 'time_to_diloco_final_s', '.0f')} |"
         )
     lines += ["", "| target | measured | bound | met |", "|---|---|---|---|"]
     for t in results["targets"]:

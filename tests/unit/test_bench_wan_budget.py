@@ -21,7 +21,7 @@ from bench.wan.budget import (
     training_start_unix,
 )
 from bench.wan.plan import ENDLESS_STEPS, anneal_steps, scheduled
-from bench.wan.summary import per_seed_values
+from bench.wan.summary import headline, per_seed_values, summarise
 from p2p_trainer.config import OuterConfig, RunConfig
 from p2p_trainer.round_log import RoundRecord
 from p2p_trainer.train.trainer import lr_factor
@@ -144,3 +144,28 @@ def test_each_arm_is_judged_against_its_own_seeds_bare_loop_independent_arm_and_
     assert d["fraction_of_ideal_best_peer"] == pytest.approx(0.625)
     assert d["load_before"] == [0.5, 0, 0]
     assert rows["independent"]["fraction_of_ideal_mean_peer"] == pytest.approx(0.0)
+
+
+def test_the_head_to_head_table_prints_every_median_with_its_range() -> None:
+    def run(variant: str, seed: int, loss: float) -> dict[str, object]:
+        curve = [{"time_s": t, "tokens": 100.0 * t, "val_loss": loss + (20 - t) / 20} for t in (10.0, 20.0)]
+        ev: dict[str, object] = {"curve": curve, "mean_peer_loss": loss, "consensus_loss": loss}
+        ev |= {"best_peer_loss": loss, "tokens_per_s_per_peer": 100.0, "steps": [40, 42]}
+        stats = {"tx_bytes_per_peer": 2e6, "rx_bytes_per_peer": 3e6, "rounds_min": 4}
+        stats |= {"exchange_time_vs_bound": {}, "transfer_time_vs_bound": {}}
+        r = {"budget_s": 20.0, "load_before": [0.5, 0, 0], "load_after": [0.7, 0, 0]}
+        return {"variant": variant, "seed": seed, "eval": ev, "stats": stats, "run": r}
+
+    runs = [
+        run(v, s, base + 0.01 * s) for s in (0, 1, 2) for v, base in (("independent", 3.0), ("diloco", 2.8))
+    ]
+    ideal = {s: {"loss": 2.6, "steps": 41} for s in (0, 1, 2)}
+    summary, _ = summarise(runs, ["independent", "diloco"], [0, 1, 2], ideal)
+    assert summary["diloco"]["mean_peer_loss"] == pytest.approx(2.81)
+    assert summary["diloco"]["mean_peer_loss_range"] == [pytest.approx(2.8), pytest.approx(2.82), 3]
+    meta = {"schedule": "constant", "budget_s": 20.0, "report_seeds": [0, 1, 2], "tuning_seeds": [100]}
+    meta |= {"picked": {}, "peers": 2, "rate_mbit": 10.0, "cpu_cores": 0.45, "inner_steps": 10}
+    table = headline({"meta": meta, "summary": summary, "ideal": ideal})
+    row = next(line for line in table.splitlines() if line.startswith("| diloco |"))
+    assert "2.810 (2.800–2.820)" in row and "2.0 (2.0–2.0) / 3.0 (3.0–3.0)" in row
+    assert "0.5→0.7, 0.5→0.7, 0.5→0.7" in row

@@ -121,7 +121,7 @@ def main() -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         step, tokens = step + 1, tokens + x.numel()
-        log.step_done(float(loss), x.numel(), time.monotonic() - t0)
+        log.step_done(float(loss.detach()), x.numel(), time.monotonic() - t0)
         if step % h == 0:
             log.end_round(step, tokens)
     log.close(step, tokens, None, stop.is_set())

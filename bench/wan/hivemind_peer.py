@@ -161,7 +161,10 @@ def train(
             epoch = opt.local_epoch
             exchanges.append(ExchangeRecord("hivemind", True, 0, t2 - t1, t2 - t1, started_unix=time.time()))
         log.step_done(
-            float(loss), x.numel(), (t1 - t0) + (0.0 if averaged else t2 - t1), t2 - t1 if averaged else 0.0
+            float(loss.detach()),
+            x.numel(),
+            (t1 - t0) + (0.0 if averaged else t2 - t1),
+            t2 - t1 if averaged else 0.0,
         )
         if step % h == 0:
             # the rate the torch optimizer used for this step (load_state_from_peers may replace groups)

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench.wan import bare_peer
 from bench.wan.analysis import Evaluator, _peer_stats, pair_bytes
 from bench.wan.evaluate import budget_eval, prune_snapshots
 from bench.wan.ideal import ideal_config, run_ideal
-from p2p_trainer.config import ModelConfig, RunConfig
-from p2p_trainer.round_log import ExchangeRecord, RoundRecord
+from p2p_trainer.config import ModelConfig, OuterConfig, RunConfig, to_toml
+from p2p_trainer.round_log import ExchangeRecord, RoundRecord, read_log
 from p2p_trainer.train.metrics import MetricsWriter
 from p2p_trainer.train.snapshots import list_snapshots, save_snapshot
+from p2p_trainer.train.trainer import lr_factor
 
 
 def _tiny() -> RunConfig:
@@ -96,3 +100,29 @@ def test_the_ideal_is_exact_data_parallel_on_the_paired_streams() -> None:
     ev = Evaluator(cfg)
     start = ev.loss([p.detach().clone() for p in ev.model.parameters()])
     assert ev.loss(model) < start
+
+
+def test_the_bare_loop_logs_a_round_and_a_snapshot_every_h_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = dataclasses.replace(
+        _tiny(), rounds=3, outer=OuterConfig.for_method("independent", num_inner_steps=4)
+    )
+    (tmp_path / "run.toml").write_text(to_toml(cfg))
+    argv = ["bare_peer", "--config", str(tmp_path / "run.toml"), "--run-dir", str(tmp_path / "p")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--data-key", "slot0"])
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert bare_peer.main() == 0
+    finally:  # main installs its stop handlers: give pytest its own back
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    log = read_log(tmp_path / "p" / "metrics.jsonl")
+    assert [r.step for r in log.rounds] == [4, 8, 12]
+    assert [s.step for s in list_snapshots(tmp_path / "p" / "snapshots")] == [4, 8, 12]
+    assert log.rounds[-1].tokens == 12 * cfg.data.batch_size * cfg.model.seq_len
+    # join's schedule (Peer's LambdaLR): warm-up, then cosine over rounds x H steps
+    inner = cfg.inner
+    for step in (0, 11, 30):
+        expected = inner.lr * lr_factor(step, inner.warmup_steps, 12, inner.min_lr_ratio)
+        assert bare_peer.scheduled_lr(cfg, step) == pytest.approx(expected)

@@ -149,7 +149,6 @@ def _peer_stats(
         "partial_merges": sum(1 for e in exchanges if e.ok and e.merged and 0 < e.group_size < 2),
         "exchanges": len(exchanges),
         "recorded_sent": sum(e.bytes_sent for e in exchanges),
-        "recorded_received": sum(e.bytes_received for e in exchanges),
     }
     return stats, blocked, ratios
 
@@ -256,9 +255,9 @@ def run_stats(
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),
         "partial_merges": sum(p["partial_merges"] for p in per_peer),
         "exchanges": sum(p["exchanges"] for p in per_peer),
-        # what the exchanges' own records say they moved (both directions), beside the counters
+        # what the exchanges' own records say they sent, beside the counters; received bytes come
+        # from the counters only (the records' received count repeats the sent one)
         "recorded_sent_per_peer": statistics.fmean(p["recorded_sent"] for p in per_peer),
-        "recorded_received_per_peer": statistics.fmean(p["recorded_received"] for p in per_peer),
         "rx_payload_bytes_per_peer": statistics.fmean(p["rx_payload_bytes"] for p in per_peer),
     }
 

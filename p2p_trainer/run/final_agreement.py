@@ -84,7 +84,10 @@ def adopt_anchor(peer: Peer, anchor: list[torch.Tensor]) -> None:
     took since its last round (θ − φ is unchanged), so a resumed run carries on from there."""
     with torch.no_grad():
         for p, old, new in zip(peer.params, peer.state.anchor, anchor, strict=True):
-            p.add_((new - old).to(p.device, p.dtype))
+            if torch.equal(p.detach().float().cpu(), old.cpu()):  # at a round's end: θ = φ exactly
+                p.copy_(new)
+            else:
+                p.add_((new - old).to(p.device, p.dtype))
     peer.state.anchor = [a.detach().float().clone() for a in anchor]
 
 

@@ -20,8 +20,9 @@ from p2p_trainer.train.trainer import Peer
 from tests.conftest import tiny_config
 
 
-def _peers(cfg: RunConfig, n: int) -> list[Peer]:
-    """n peers whose anchors differ (peer i's is shifted by i) and whose θ is one step past φ."""
+def _peers(cfg: RunConfig, n: int, mid_round: bool = True) -> list[Peer]:
+    """n peers whose anchors differ (peer i's is shifted by i) and whose θ is a step past φ
+    (`mid_round`) or equal to it (at a round's end)."""
     swarm = InProcessSwarm(n, cfg.seed)
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
     peers = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"peer{i}") for i in range(n)]
@@ -29,7 +30,7 @@ def _peers(cfg: RunConfig, n: int) -> list[Peer]:
         peer.state.anchor = [a + 0.1 * i for a in peer.state.anchor]
         with torch.no_grad():
             for p, a in zip(peer.params, peer.state.anchor, strict=True):
-                p.copy_(a + 0.01)  # mid-round: θ has moved away from φ
+                p.copy_(a + 0.01 if mid_round else a)
     return peers
 
 
@@ -81,6 +82,15 @@ def test_every_peer_ends_with_the_mean_of_the_anchors() -> None:
         for p, a, o in zip(peer.params, peer.state.anchor, offset, strict=True):
             torch.testing.assert_close(p.detach() - a, o, atol=1e-6, rtol=0)
     assert not torch.equal(before[0][0], before[1][0])  # the test averaged different models
+
+
+def test_at_a_rounds_end_the_model_is_exactly_the_consensus() -> None:
+    cfg = tiny_config("noloco", rounds=3)
+    peers = _peers(cfg, 2, mid_round=False)
+    _agree_all(peers, cfg)
+    for peer in peers:
+        assert all(torch.equal(p.detach(), a) for p, a in zip(peer.params, peer.state.anchor, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(peers[0].state.anchor, peers[1].state.anchor, strict=True))
 
 
 def test_a_peer_that_meets_no_one_keeps_its_own_model() -> None:

@@ -134,10 +134,11 @@ class ExchangeConfig:
     one last all-peer average of its anchor φ, so each ends holding the swarm's consensus model.
     Method "independent" never exchanges, so it ignores this. A failed final exchange keeps the
     peer's own model (run/final_agreement.py)."""
-    final_wait_s: float = 30.0
+    final_wait_s: float = 60.0
     """Longest a finishing peer waits in the final agreement for the others (then at most
     `timeout_s` for the transfer): it covers the skew between the peers' ends (a time bound starts
-    when each peer started)."""
+    when each peer started, and a peer still training waits up to `quorum_wait_max_s` in each of
+    its last rounds' exchanges for the peers already in the final agreement)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "exchange")

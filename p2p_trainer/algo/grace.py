@@ -13,8 +13,8 @@ would leave out a peer that is merely a network round-trip behind.
 That formula bounds how long one waits for a straggler, but on a slow link even a punctual member
 needs its start skew plus a part's transfer time to arrive, which can exceed it. So the window is
 also at least what was observed: `margin · t_arrive − t_quorum`, where `t_arrive` follows the
-time from an exchange's start to the last contribution that arrived (rising at once, decaying
-slowly), and grows by half its window whenever a member that was alive did not arrive in time.
+time from an exchange's start to the last contribution that arrived, late ones included (rising
+at once, decaying slowly).
 """
 
 from __future__ import annotations
@@ -82,20 +82,18 @@ class GraceTracker:
         self.t_sync_s = ema(None if first else self.t_sync_s, max(0.0, sync_s), self.decay)
         self._seen_exchange = True
 
-    def observe_arrivals(self, arrival_s: float, missed: int, window_s: float) -> None:
-        """The last arrival of an exchange run with grace `window_s`, and how many members missed it.
+    def observe_arrivals(self, arrival_s: float) -> None:
+        """When the last contribution of an exchange arrived, counted from its start (0: unknown).
 
         An envelope rather than a mean: one window too short costs a partial merge, one too long
-        costs a fraction of a second. A miss is a censored sample (the member needed more than
-        the quorum time plus the window), so the envelope moves past it by half a window.
+        a fraction of a second. Only real arrivals count (the network backend times late ones
+        after the window): a member that never comes, e.g. one with another view of the group,
+        says nothing about how long to wait.
         """
-        if not (math.isfinite(arrival_s) and math.isfinite(window_s)):
+        if not math.isfinite(arrival_s) or arrival_s <= 0:
             return
-        decayed = self.decay * self.t_arrive_s + (1.0 - self.decay) * max(0.0, arrival_s)
+        decayed = self.decay * self.t_arrive_s + (1.0 - self.decay) * arrival_s
         self.t_arrive_s = max(arrival_s, decayed)
-        if missed > 0:
-            reached = self.t_quorum_s + window_s
-            self.t_arrive_s = max(self.t_arrive_s, reached + 0.5 * max(window_s, self.min_s))
 
     def window_s(self) -> float:
         if self.t_step_s is None or not self._seen_exchange:

@@ -160,13 +160,10 @@ class _BlockingExchanges:
         step: int = 0,
     ) -> ExchangeResult:
         t0 = time.monotonic()
-        req = self._request(tag, rnd, group, weight, step)
-        res = self.exchange.average(tensors, req)
+        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step))
         if isinstance(res, Ok):
             self.timing.observe_exchange(res.quorum_s, res.sync_s)
-            self.timing.observe_arrivals(res.arrival_s, res.missed, req.grace_s)
-        elif res.missed:
-            self.timing.observe_arrivals(0.0, res.missed, req.grace_s)
+        self.timing.observe_arrivals(res.arrival_s)
         return report.add(tag, res, time.monotonic() - t0)
 
 

@@ -45,7 +45,8 @@ class Ok:
     """Time from the end of the own part's averaging to the complete result."""
     arrival_s: float = 0.0
     """Time from the start of the exchange to the last contribution to this peer's part: the start
-    skew plus the transfer, which the next grace window must cover (§4)."""
+    skew plus the transfer, which the next grace window must cover (§4). The network backend also
+    times contributions that came after the window, and reports them with its next result."""
     missed: int = 0
     """Members, not known to be gone, whose contribution to this peer's part did not arrive within
     its window: the window was too short for them (or they are stragglers)."""
@@ -63,6 +64,8 @@ class Failed:
     elapsed_s: float = 0.0
     missed: int = 0
     """As `Ok.missed`: members that were alive but late for this peer's part."""
+    arrival_s: float = 0.0
+    """As `Ok.arrival_s`, where something arrived (late contributions timed after the window)."""
 
 
 ExchangeResult = Ok | Failed

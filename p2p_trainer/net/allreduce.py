@@ -37,7 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -160,6 +160,8 @@ class _Arrivals:
     """Offset from the start of the last contribution that arrived."""
     missed: int = 0
     """Members still expected (not gone) when the window closed."""
+    late: set[asyncio.Task[Message | None]] = field(default_factory=set)
+    """Their pending reads, kept open to time their arrival."""
 
 
 async def _collect(
@@ -170,6 +172,7 @@ async def _collect(
     started: float,
     deadline: float,
     gone: Callable[[str], bool],
+    on_late: Callable[[float], None] | None = None,
 ) -> _Arrivals:
     """Phase 1 at the owner: contributions to part `me` until quorum + grace (or the quorum wait)."""
     n = len(group.members)
@@ -211,14 +214,27 @@ async def _collect(
             else:
                 got[j] = checked
                 last_s = time.monotonic() - started
-    # late, not gone: the window was shorter than their skew and transfer (the tracker widens it)
     other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
-    late = [group.members[tasks[t]] for t in pending]
-    missed = sum(1 for m in late if not gone(m) and m not in other_view)
-    for task in pending:
+    late = {
+        t for t in pending if not gone(group.members[tasks[t]]) and group.members[tasks[t]] not in other_view
+    }
+    watched = late if on_late is not None else set()
+    for task in pending - watched:
         task.cancel()
     quorum_s = time.monotonic() - started if quorum_s is None else quorum_s
-    return _Arrivals(got, quorum_s, last_s, missed)
+    return _Arrivals(got, quorum_s, last_s, len(late), watched)
+
+
+async def _watch_late(
+    late: set[asyncio.Task[Message | None]], started: float, deadline: float, on_late: Callable[[float], None]
+) -> None:
+    """Time the contributions that come after the window (they are not merged): how late a
+    punctual member on a slow link really is, which the next window must cover (§4)."""
+    done, pending = await asyncio.wait(late, timeout=max(0.0, deadline - time.monotonic()))
+    for task in pending:
+        task.cancel()
+    if any(not t.cancelled() and t.exception() is None and t.result() is not None for t in done):
+        on_late(time.monotonic() - started)
 
 
 def _included(msg: Message, n: int) -> list[int] | None:
@@ -287,7 +303,7 @@ async def _gather_results(
     return sizes, left_out, late
 
 
-def _finish_in_background(sends: list[asyncio.Task[bool]], transport: Transport, key: str) -> None:
+def _finish_in_background(sends: list[asyncio.Task[Any]], transport: Transport, key: str) -> None:
     async def finish() -> None:
         await asyncio.gather(*sends, return_exceptions=True)
         transport.mailbox.discard(key)
@@ -306,8 +322,10 @@ async def butterfly_average(
     health: PeerHealth | None = None,
     gone: Callable[[str], bool] = lambda _: False,
     contributed: Callable[[], None] | None = None,
+    on_late: Callable[[float], None] | None = None,
 ) -> ExchangeResult:
-    """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered."""
+    """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered;
+    `on_late` gets the offset from the start at which contributions that missed the window arrived."""
     started, started_unix = time.monotonic(), time.time()
     n, me = len(group.members), group.members.index(group.me)
     bounds = part_bounds(flat.numel(), n)
@@ -334,7 +352,7 @@ async def butterfly_average(
     if contributed is not None:
         await asyncio.wait(sends, timeout=2.0)  # delivered (or a member is not taking them)
         contributed()
-    arrivals = await _collect(transport, group, me, hi - lo, started, deadline, gone)
+    arrivals = await _collect(transport, group, me, hi - lo, started, deadline, gone, on_late)
     acc, total_w = data[lo:hi].astype(np.float64) * weight, weight
     for values, w in arrivals.values.values():
         acc += values.astype(np.float64) * w
@@ -352,7 +370,10 @@ async def butterfly_average(
     )
     sizes.append(len(included))
     left_out |= {short[j] for j in others if j not in arrivals.values}
-    _finish_in_background(sends, transport, group.key)
+    finishing: list[asyncio.Task[Any]] = list(sends)
+    if arrivals.late and on_late is not None:
+        finishing.append(asyncio.create_task(_watch_late(arrivals.late, started, deadline, on_late)))
+    _finish_in_background(finishing, transport, group.key)
     elapsed = time.monotonic() - started
     own_parts = sum(1 for s in sizes if s == 1)
     if max(sizes) == 1:

@@ -56,15 +56,17 @@ class _NetworkPending:
         future: concurrent.futures.Future[ExchangeResult],
         like: list[torch.Tensor],
         taken: Callable[[ExchangeResult], None] | None = None,
+        annotate: Callable[[ExchangeResult], ExchangeResult] = lambda res: res,
     ) -> None:
-        """`taken` sees the result (flat) the first time the caller takes it: the tap's hook."""
-        self.future, self.like, self.taken = future, like, taken
+        """`taken` sees the result (flat) the first time the caller takes it: the tap's hook;
+        `annotate` adds what the exchange learned since (late arrivals)."""
+        self.future, self.like, self.taken, self.annotate = future, like, taken, annotate
 
     def done(self) -> bool:
         return self.future.done()
 
     def result(self, timeout_s: float) -> ExchangeResult:
-        res = self._wait(timeout_s)
+        res = self.annotate(self._wait(timeout_s))
         if self.taken is not None:
             self.taken(res)
             self.taken = None
@@ -100,6 +102,9 @@ class NetworkExchange:
         self.me = transport.peer_id
         self.health = health or PeerHealth()
         self.faults, self.tap = faults, tap
+        self._late_s = 0.0
+        """Latest offset at which a contribution that missed its window arrived (0: none since
+        the last result): reported with the next result, for the grace window (§4)."""
 
     def _live(self) -> set[str]:
         return set(self.live_peers()) | {self.me}
@@ -148,10 +153,25 @@ class NetworkExchange:
             return _NetworkPending(done, like, taken)
         fut = self.transport.submit(
             butterfly_average(
-                self.transport, group, flat, weight, deadline, self.health, self._gone, contributed
+                self.transport,
+                group,
+                flat,
+                weight,
+                deadline,
+                self.health,
+                self._gone,
+                contributed,
+                self._observe_late,
             )
         )
-        return _NetworkPending(fut, like, taken)
+        return _NetworkPending(fut, like, taken, self._with_late)
+
+    def _observe_late(self, offset_s: float) -> None:
+        self._late_s = max(self._late_s, offset_s)  # the transport's thread; a float store is atomic
+
+    def _with_late(self, res: ExchangeResult) -> ExchangeResult:
+        late, self._late_s = self._late_s, 0.0
+        return dataclasses.replace(res, arrival_s=max(res.arrival_s, late)) if late else res
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         return self.start(tensors, request).result(request.timeout_s + 1.0)

@@ -15,10 +15,10 @@ left cleanly; a dead peer sends nothing, so it still drops out within `ttl_s`.
 A death is known sooner than that. A peer whose sends to X failed (X refused the connection:
 `health.py`) names X among the `suspects` of its heartbeat, and drops X from its own view at once;
 every other peer drops X when it reads a heartbeat naming it that is newer than X's own latest
-heartbeat. Groups are derived from the views, so the survivors agree on the new member list
+heartbeat. A heartbeat from X after the suspicion (X was restarted with its identity) brings it
+back everywhere. Groups are derived from the views, so the survivors agree on the new member list
 within about one heartbeat period instead of keeping a dead member's slot in their groups for
-the whole TTL. A live peer named by mistake is back in view with its next heartbeat once the
-suspicion ends (`PeerHealth.suspect_s`).
+the whole TTL. A live peer named by mistake is back in view with its next heartbeat.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class SwarmView:
         self._left: set[str] = set()
         self._heard: Callable[[float], set[str]] | None = None
         self._suspects: Callable[[], set[str]] = set
+        self._suspected_at: dict[str, float] = {}
+        """DHT time this peer first suspected each of its current suspects."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
@@ -94,7 +96,7 @@ class SwarmView:
             timestamp=records.now(),
             leaving=leaving,
             round_started=st.round_started,
-            suspects=tuple(sorted(self._suspects() - {self.node.peer_id}))[: records.MAX_SUSPECTS],
+            suspects=tuple(sorted(self._dead_here(self.heartbeats())))[: records.MAX_SUSPECTS],
         )
 
     def _refresh(self) -> None:
@@ -144,7 +146,18 @@ class SwarmView:
             with self._lock:
                 left = set(self._left)
             ids |= self._heard(self.ttl_s) - left
-        return sorted(ids - self._suspects() - reported_dead(beats, self.node.peer_id))
+        return sorted(ids - self._dead_here(beats) - reported_dead(beats, self.node.peer_id))
+
+    def _dead_here(self, beats: list[records.Heartbeat]) -> set[str]:
+        """This peer's suspects that have not published a heartbeat since it suspected them: a
+        peer restarted with the same identity is back in view with its first heartbeat."""
+        suspects, now = self._suspects() - {self.node.peer_id}, records.now()
+        with self._lock:
+            for gone in set(self._suspected_at) - suspects:
+                del self._suspected_at[gone]
+            since = {p: self._suspected_at.setdefault(p, now) for p in suspects}
+        latest = {h.peer_id: h.timestamp for h in beats}
+        return {p for p in suspects if latest.get(p, 0.0) <= since[p]}
 
     def lost_sight(self) -> bool:
         """No other peer is in view, but some were before: this peer was stalled or cut off."""

@@ -47,7 +47,11 @@ def _spec(members: list[str], me: str, quorum: int) -> GroupSpec:
 
 
 async def _run(
-    n: int, dead: set[str], quorum: int, delays: dict[str, float] | None = None
+    n: int,
+    dead: set[str],
+    quorum: int,
+    delays: dict[str, float] | None = None,
+    late_seen: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, float], list[torch.Tensor]]:
     members = [f"peer{i}" for i in range(n)]
     net: dict[str, FakeTransport] = {}
@@ -67,12 +71,15 @@ async def _run(
             time.monotonic() + 30,
             PeerHealth(),
             lambda p: p in dead,
+            on_late=None if late_seen is None else late_seen.setdefault(members[i], []).append,
         )
         elapsed[members[i]] = time.monotonic() - t0
         return res
 
     alive = [i for i in range(n) if members[i] not in dead]
     results = await asyncio.gather(*(one(i) for i in alive))
+    if late_seen is not None:
+        await asyncio.sleep(max((delays or {}).values(), default=0.0))  # the late ones' arrival
     return {members[i]: r for i, r in zip(alive, results, strict=True)}, elapsed, flats
 
 
@@ -119,10 +126,23 @@ def test_late_member_is_left_out_and_keeps_own_values() -> None:
     a, b = part_bounds(10, 3)[2]
     np.testing.assert_allclose(late.tensors[0].numpy()[a:b], 1.0)
     np.testing.assert_allclose(late.tensors[0].numpy()[:a], float(flats[2][0]))
-    # what the grace tracker learns: the punctual owners saw a live member miss their window, the
-    # late one found everything there already
+    # the punctual owners saw a live member miss their window; the late one found everything there
     assert all(results[n].missed == 1 for n in ("peer0", "peer1"))  # type: ignore[union-attr]
     assert late.missed == 0 and late.arrival_s < 0.1
+
+
+def test_contributions_after_the_window_are_timed_for_the_next_one() -> None:
+    late_seen: dict[str, list[float]] = {}
+    asyncio.run(_run(3, set(), quorum=2, delays={"peer2": 1.0}, late_seen=late_seen))
+    for name in ("peer0", "peer1"):  # left peer2 out after 0.3 s, then saw it come at ~1.0 s
+        assert len(late_seen[name]) == 1 and 1.0 <= late_seen[name][0] < 1.3, late_seen
+    assert late_seen.get("peer2", []) == []  # it was the late one: nothing came after its window
+
+
+def test_a_member_that_never_comes_is_not_timed() -> None:
+    late_seen: dict[str, list[float]] = {}
+    asyncio.run(_run(2, {"peer1"}, quorum=1, late_seen=late_seen))
+    assert late_seen.get("peer0", []) == []
 
 
 def test_arrival_time_covers_a_members_start_skew() -> None:

@@ -193,7 +193,7 @@ def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_aga
     t0 = records.now()
     records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 - 2.0), ttl_s=30)
     records.publish_heartbeat(
-        dht, "death", heartbeat(reporter, timestamp=t0, suspects=(PEER_A, me)), ttl_s=30
+        dht, "death", heartbeat(reporter, timestamp=t0 - 1.0, suspects=(PEER_A, me)), ttl_s=30
     )
     mine: set[str] = set()
     view = SwarmView(_Node(dht, me), "death", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
@@ -201,7 +201,7 @@ def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_aga
         view.share_suspects(lambda: set(mine))
         # A's last heartbeat is older than the report; this peer never drops itself
         assert view.live_peers() == sorted([me, reporter])
-        records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 + 1.0), ttl_s=30)
+        records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 - 0.5), ttl_s=30)
         view._refresh()  # the view thread's period is 60 s here: read the DHT now
         assert view.live_peers() == sorted([PEER_A, me, reporter])  # A spoke after the report
         mine.add(PEER_A)  # this peer's own failed send
@@ -209,5 +209,11 @@ def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_aga
         view._refresh()
         published = {b.peer_id: b for b in records.list_live_peers(dht, "death")}
         assert published[me].suspects == (PEER_A,)  # and the others hear of it
+        # A restarted with its identity: its first heartbeat brings it back, still suspect or not
+        records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=records.now() + 0.5), ttl_s=30)
+        view._refresh()
+        assert view.live_peers() == sorted([PEER_A, me, reporter])
+        view._refresh()  # the heartbeat it publishes is built from the previous read
+        assert {b.peer_id: b for b in records.list_live_peers(dht, "death")}[me].suspects == ()
     finally:
         view.close()

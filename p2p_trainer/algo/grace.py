@@ -12,15 +12,16 @@ would leave out a peer that is merely a network round-trip behind.
 
 That formula bounds how long one waits for a straggler, but on a slow link even a punctual member
 needs its start skew plus a part's transfer time to arrive, which can exceed it. So the window is
-also at least what was observed: `margin · t_arrive − t_quorum`, where `t_arrive` follows the
-time from an exchange's start to the last contribution that arrived, late ones included (rising
-at once, decaying slowly).
+also at least what was observed: `margin · t_arrive − t_quorum`, where `t_arrive` is the median,
+over recent exchanges, of the time from an exchange's start to the last contribution that
+arrived, late ones included.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 
 
 def quorum_size(group_size: int, quorum_fraction: float) -> int:
@@ -42,6 +43,10 @@ def grace_window_s(
     if not math.isfinite(raw):
         return max_s
     return min(max_s, max(min_s, raw))
+
+
+ARRIVAL_SAMPLES = 9
+"""Recent exchanges whose arrival times set `t_arrive` (their median)."""
 
 
 def ema(previous: float | None, sample: float, decay: float) -> float:
@@ -68,6 +73,7 @@ class GraceTracker:
     t_quorum_s: float = 0.0
     t_sync_s: float = 0.0
     t_arrive_s: float = 0.0
+    _arrivals: list[float] = field(default_factory=list)
     _seen_exchange: bool = False
 
     def observe_step(self, seconds: float) -> None:
@@ -85,15 +91,24 @@ class GraceTracker:
     def observe_arrivals(self, arrival_s: float) -> None:
         """When the last contribution of an exchange arrived, counted from its start (0: unknown).
 
-        An envelope rather than a mean: one window too short costs a partial merge, one too long
-        a fraction of a second. Only real arrivals count (the network backend times late ones
-        after the window): a member that never comes, e.g. one with another view of the group,
-        says nothing about how long to wait.
+        Only real arrivals count (the network backend times late ones after the window): a
+        member that never comes, e.g. one with another view of the group, says nothing about how
+        long to wait. `t_arrive` is the median of the last `ARRIVAL_SAMPLES`: a member that was
+        late because its own previous exchange waited (stragglers propagate through gossip
+        groups) moves it only if that becomes the rule, not once.
         """
         if not math.isfinite(arrival_s) or arrival_s <= 0:
             return
-        decayed = self.decay * self.t_arrive_s + (1.0 - self.decay) * arrival_s
-        self.t_arrive_s = max(arrival_s, decayed)
+        self._arrivals = [*self._arrivals[-(ARRIVAL_SAMPLES - 1) :], arrival_s]
+        self.t_arrive_s = statistics.median(self._arrivals)
+
+    def observe_failure(self) -> None:
+        """An exchange failed with nothing timed: the start-up window (`max_s`) has been spent.
+
+        Without this a peer whose first exchanges all fail (its partners do not see it yet, e.g.
+        right after a restart) would wait `max_s` in every one of them.
+        """
+        self._seen_exchange = True
 
     def window_s(self) -> float:
         if self.t_step_s is None or not self._seen_exchange:

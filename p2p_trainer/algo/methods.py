@@ -163,6 +163,8 @@ class _BlockingExchanges:
         res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step))
         if isinstance(res, Ok):
             self.timing.observe_exchange(res.quorum_s, res.sync_s)
+        else:
+            self.timing.observe_failure()
         self.timing.observe_arrivals(res.arrival_s)
         return report.add(tag, res, time.monotonic() - t0)
 

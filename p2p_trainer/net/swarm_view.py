@@ -18,7 +18,8 @@ every other peer drops X when it reads a heartbeat naming it that is newer than 
 heartbeat. A heartbeat from X after the suspicion (X was restarted with its identity) brings it
 back everywhere. Groups are derived from the views, so the survivors agree on the new member list
 within about one heartbeat period instead of keeping a dead member's slot in their groups for
-the whole TTL. A live peer named by mistake is back in view with its next heartbeat.
+the whole TTL. A live peer named by mistake is back in view with its next heartbeat. Peers
+still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class SwarmView:
         self._heard: Callable[[float], set[str]] | None = None
         self._suspects: Callable[[], set[str]] = set
         self._suspected_at: dict[str, float] = {}
+        self._training_since: float | None = None
         """DHT time this peer first suspected each of its current suspects."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -146,7 +148,22 @@ class SwarmView:
             with self._lock:
                 left = set(self._left)
             ids |= self._heard(self.ttl_s) - left
-        return sorted(ids - self._dead_here(beats) - reported_dead(beats, self.node.peer_id))
+        gone = self._dead_here(beats) | reported_dead(beats, self.node.peer_id) | self._joining(beats)
+        return sorted(ids - gone)
+
+    def _joining(self, beats: list[records.Heartbeat]) -> set[str]:
+        """Peers whose heartbeat still says round 0 (starting, or downloading the swarm's state
+        after a restart) once this peer has trained for a few heartbeat periods: they cannot be
+        in this round's exchanges, and a group waiting for them would only time out. Before
+        that, round 0 is just the heartbeats' lag at the start of a swarm."""
+        if self.status.round == 0:
+            return set()
+        now = time.monotonic()
+        if self._training_since is None:
+            self._training_since = now
+        if now - self._training_since <= 3 * self.period_s:
+            return set()
+        return {h.peer_id for h in beats if h.round == 0 and h.peer_id != self.node.peer_id}
 
     def _dead_here(self, beats: list[records.Heartbeat]) -> set[str]:
         """This peer's suspects that have not published a heartbeat since it suspected them: a

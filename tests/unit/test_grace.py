@@ -57,12 +57,23 @@ def test_window_covers_the_observed_arrival_of_punctual_members() -> None:
     assert t.window_s() == 1.0  # the formula alone: 5 · 0.1 − 0.2 < the 1 s floor
     t.observe_arrivals(2.4)  # a slow link: the partner's part took 2.4 s to arrive
     assert t.window_s() == pytest.approx(1.25 * 2.4)
-    for _ in range(5):  # quicker arrivals lower the envelope only slowly
+    for sample in (2.2, 2.6, 6.0, 2.5):  # one member late once (its previous exchange waited)
+        t.observe_arrivals(sample)
+    assert t.t_arrive_s == pytest.approx(2.5)  # the median of 2.2, 2.4, 2.5, 2.6, 6.0
+    for _ in range(5):  # the link got faster: after half the samples the window follows
         t.observe_arrivals(0.4)
-    assert 1.25 * 0.4 < t.window_s() < 1.25 * 2.4
-    assert t.t_arrive_s == pytest.approx(0.4 + (2.4 - 0.4) * 0.9**5)
-    t.observe_arrivals(20.0)  # never past grace_max_s
+    assert t.window_s() == 1.0  # 1.25 · 0.4 is under the floor
+    for _ in range(9):
+        t.observe_arrivals(20.0)  # never past grace_max_s
     assert t.window_s() == 8.0
+
+
+def test_a_failed_first_exchange_ends_the_start_up_window() -> None:
+    t = GraceTracker(overlap_steps=5, gamma=1.0, min_s=1.0, max_s=8.0)
+    t.observe_step(0.1)
+    assert t.window_s() == 8.0
+    t.observe_failure()  # e.g. a restarted peer its partners do not see yet
+    assert t.window_s() == 1.0  # the formula from here on, not 8 s in every failing round
 
 
 def test_exchanges_with_nothing_timed_leave_the_window_alone() -> None:

@@ -46,6 +46,7 @@ from bench.wan.tables import markdown, plots
 from bench.wan.targets import sanity, targets
 from p2p_trainer.config import RunConfig, load_config
 from p2p_trainer.lab.testbed import support_problem
+from p2p_trainer.train.model import build_model
 
 logger = logging.getLogger(__name__)
 QUICK_ARMS = ("bare", "independent", "data-parallel", "diloco", "factored-mix2-k2", "hivemind")
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", type=int, default=4)
     p.add_argument("--rate-mbit", type=float, default=10.0)
     p.add_argument("--cpu-cores", type=float, default=0.45)
-    p.add_argument("--points", type=int, default=None, help="Evaluation times per run (12; quick 4).")
+    p.add_argument("--points", type=int, default=None, help="Evaluation times per run (12; quick 8).")
     p.add_argument("--keep-snapshots", action="store_true", help="Keep snapshots the evaluation did not use.")
     p.add_argument("--no-align-rounds", action="store_true", help="Factored arms without outer.align_rounds.")
     p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
@@ -83,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tuning_seeds = args.tuning_seeds if args.tuning_seeds is not None else ([] if q else [100, 101])
     args.report_seeds = args.report_seeds or ([0] if q else [0, 1, 2])
     args.pilot_s = args.pilot_s or (20.0 if q else 60.0)
-    args.points = args.points or (4 if q else 12)
+    args.points = args.points or (8 if q else 12)
     args.inner_steps = args.inner_steps or 10
     if q and args.mix2_every == [4]:
         args.mix2_every = [2]
@@ -108,6 +109,14 @@ class Bench:
         self.ev = Evaluator(self.cfg0)
         self.total_steps: dict[str, int | None] = {}
         """--schedule anneal: each arm's cosine length, from its pilot."""
+        self.init_losses: dict[int, float] = {}
+
+    def init_loss(self, seed: int) -> float:
+        """Validation loss of the seed's initial model: every arm's starting point."""
+        if seed not in self.init_losses:
+            model = build_model(self.cfg0.model, seed)
+            self.init_losses[seed] = self.ev.loss([p.detach() for p in model.parameters()])
+        return self.init_losses[seed]
 
     def config(self, v: Variant, seed: int, schedule: str) -> RunConfig:
         cfg = variant_config(
@@ -133,7 +142,7 @@ class Bench:
         stats = run_stats(
             run_dir, run, spec.peers, spec.rate_mbit, spec.budget_s, self.ev.num_params, value_bytes
         )
-        ev = budget_eval(run_dir, run, spec.peers, self.ev, points)
+        ev = budget_eval(run_dir, run, spec.peers, self.ev, points, self.init_loss(seed))
         if not self.args.keep_snapshots:
             prune_snapshots(run_dir, spec.peers, ev["used_snapshots"])
         entry = {"variant": v.name, "seed": seed, "phase": phase, "run": run, "stats": stats, "eval": ev}

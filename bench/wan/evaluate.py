@@ -32,8 +32,12 @@ class _Scores:
         return self.done[info.path]
 
 
-def budget_eval(run_dir: Path, run: dict[str, Any], peers: int, ev: Evaluator, points: int) -> dict[str, Any]:
-    """The run's loss curve on the shared clock and its models at exactly t0 + budget."""
+def budget_eval(
+    run_dir: Path, run: dict[str, Any], peers: int, ev: Evaluator, points: int, init_loss: float | None = None
+) -> dict[str, Any]:
+    """The run's loss curve on the shared clock and its models at exactly t0 + budget. `init_loss`
+    (the seed's initial model, where every arm starts) opens the curve at 0 tokens, so that loss at
+    equal tokens is defined down to the fewest tokens any arm processed."""
     t0, budget = run.get("t0_unix"), float(run["budget_s"])
     if t0 is None:
         return {"curve": [], "ok": False}
@@ -50,6 +54,8 @@ def budget_eval(run_dir: Path, run: dict[str, Any], peers: int, ev: Evaluator, p
         step_rates.append(rate(rounds, offsets[-1], t0, t0 + budget, "step") if off is not None else None)
     score = _Scores(ev)
     curve: list[dict[str, float]] = []
+    if init_loss is not None:
+        curve.append({"time_s": 0.0, "tokens": 0.0, "step": 0.0, "val_loss": init_loss, "age_s": 0.0})
     final: list[SnapshotInfo] = []
     times = eval_times(budget, points)
     for k, t in enumerate(times):

@@ -113,6 +113,9 @@ def wait_for_peers(
     """Like `join --wait-for-peers`: a peer that starts alone would otherwise run epochs by itself
     and hand its state to the late ones, which is a different experiment."""
     deadline = time.monotonic() + timeout_s
+    # announce this peer (zero samples, as the optimizer itself reports after an epoch): the
+    # tracker counts only peers that reported progress, which would otherwise start in `step`
+    opt.tracker.report_local_progress(opt.local_epoch, 0)
     while opt.tracker.global_progress.num_peers < peers and time.monotonic() < deadline and not stop.is_set():
         time.sleep(0.5)
     logger.info("starting with %d peers in the tracker", opt.tracker.global_progress.num_peers)

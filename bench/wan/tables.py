@@ -103,11 +103,15 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         ("tokens", "tokens (all peers)", "loss_vs_tokens.png"),
     ):
         fig, ax = plt.subplots(figsize=(8, 4.5))
+        labelled: set[str] = set()  # one legend entry per arm and figure, one colour per arm
         for run in results["runs"]:
             curve, v = run["curve"], run["variant"]
             if not curve:
                 continue
-            kw: dict[str, Any] = {"color": colours[v]} if v in colours else {"label": v}
+            kw: dict[str, Any] = {"color": colours[v]} if v in colours else {}
+            if v not in labelled:
+                kw["label"] = v
+                labelled.add(v)
             (line,) = ax.plot([p[key] for p in curve], [p["val_loss"] for p in curve], lw=1.2, **kw)
             colours.setdefault(v, line.get_color())
         ax.set_xlabel(label)

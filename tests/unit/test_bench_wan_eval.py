@@ -61,6 +61,9 @@ def test_models_are_taken_at_exactly_the_budget_on_the_shared_clock(tmp_path: Pa
     assert out["peer_losses"] == pytest.approx(expected)
     assert out["best_peer_loss"] == pytest.approx(min(expected))
     assert out["consensus_loss"] == pytest.approx(ev.loss([b + 0.015 for b in base]), abs=1e-5)
+    opened = budget_eval(tmp_path, run, 2, ev, points=2, init_loss=5.5)["curve"]
+    assert opened[0] == {"time_s": 0.0, "tokens": 0.0, "step": 0.0, "val_loss": 5.5, "age_s": 0.0}
+    assert opened[1:] == out["curve"]
     gone = prune_snapshots(tmp_path, 2, out["used_snapshots"])
     assert gone == 7 - len(out["used_snapshots"])
     assert {

@@ -33,6 +33,7 @@ from typing import Any
 import hivemind
 import torch
 from hivemind.compression import Float16Compression
+from hivemind.utils import get_dht_time
 
 from bench.wan.bare_peer import RoundLog, scheduled_lr
 from p2p_trainer.config import load_config
@@ -100,7 +101,7 @@ def main() -> int:
         verbose=False,
     )
     try:
-        wait_for_peers(opt, args.peers, stop)
+        wait_for_peers(dht, f"hm-{cfg.run_id()}", args.peers, stop)
         return train(args, cfg, model, opt, stream, val, stop, run_dir)
     finally:
         opt.shutdown()
@@ -108,17 +109,22 @@ def main() -> int:
 
 
 def wait_for_peers(
-    opt: hivemind.Optimizer, peers: int, stop: threading.Event, timeout_s: float = 60.0
+    dht: hivemind.DHT, run_id: str, peers: int, stop: threading.Event, timeout_s: float = 60.0
 ) -> None:
     """Like `join --wait-for-peers`: a peer that starts alone would otherwise run epochs by itself
-    and hand its state to the late ones, which is a different experiment."""
-    deadline = time.monotonic() + timeout_s
-    # announce this peer (zero samples, as the optimizer itself reports after an epoch): the
-    # tracker counts only peers that reported progress, which would otherwise start in `step`
-    opt.tracker.report_local_progress(opt.local_epoch, 0)
-    while opt.tracker.global_progress.num_peers < peers and time.monotonic() < deadline and not stop.is_set():
+    and hand its state to the late ones, which is a different experiment. Each peer signs a DHT
+    key (one subkey per peer) and waits until `peers` have; hivemind's progress tracker would
+    only count peers once they step."""
+    key, me = f"{run_id}_ready", str(dht.peer_id)
+    dht.store(key, True, get_dht_time() + 3600, subkey=me)
+    deadline, seen = time.monotonic() + timeout_s, 0
+    while time.monotonic() < deadline and not stop.is_set():
+        found = dht.get(key, latest=True)
+        seen = len(found.value) if found is not None and isinstance(found.value, dict) else 0
+        if seen >= peers:
+            break
         time.sleep(0.5)
-    logger.info("starting with %d peers in the tracker", opt.tracker.global_progress.num_peers)
+    logger.info("starting with %d of %d peers signed in", seen, peers)
 
 
 def set_lr(opt: hivemind.Optimizer, lr: float) -> None:

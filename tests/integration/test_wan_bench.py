@@ -1,9 +1,10 @@
 """`python -m bench.wan --quick` end to end on the WAN testbed: the pipeline and sane numbers.
 
 Checks the sanity of what was measured, not the targets: data-parallel has the
-best loss per token, independent training the worst, and every peer's interface counters agree
-with the bytes the exchanges must move within 5%. Skipped, with the reason, without root/netns.
-About 5 minutes on an idle 2-core machine; 7-12 on a loaded one.
+best loss per token, and every peer's interface counters agree with the bytes the exchanges must
+move within 5%. Whether independent training is the worst per token is what the bench measures,
+not a property of the harness (at this tiny model and horizon DiLoCo is worse per token, in
+process too), so it is printed, not asserted. Skipped, with the reason, without root/netns.
 """
 
 from __future__ import annotations
@@ -52,8 +53,3 @@ def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
     assert results["ideal"], "the ideal run gives the fraction of ideal collaboration"
     for name, s in summary.items():
         assert s["throughput_vs_bare"] is not None and s["fraction_of_ideal_mean_peer"] is not None, name
-    if not sanity["independent_worst_per_token"]:
-        # Not the harness: the in-process backend (no network) gives the same order on this model,
-        # e.g. `p2p-trainer inprocess --method diloco` vs `--method independent`, d_model 48,
-        # 2 layers, H 10 or 20, 300 steps: DiLoCo 3.150 / 2.847 vs independent 2.718 per peer.
-        pytest.xfail(f"independent is not the worst per token: {sanity['loss_at_equal_tokens_2']}")

@@ -67,6 +67,8 @@ class Plan:
     rounds: int = 60
     num_inner_steps: int = 30
     kill_every_s: float = 60.0
+    kills: int | None = None
+    """Stop killing after this many (None: every `kill_every_s` for as long as the run lasts)."""
     restart_delay_s: float = 5.0
     checkpoint_every: int = 5
     method: str = "factored"
@@ -96,6 +98,8 @@ def run_config(plan: Plan, method: str, constant_work: bool) -> RunConfig:
 
 def kill_times(plan: Plan, horizon_s: float) -> list[tuple[float, int]]:
     n = int(horizon_s // plan.kill_every_s)
+    if plan.kills is not None:
+        n = min(n, plan.kills)
     return [((k + 1) * plan.kill_every_s, k % plan.peers) for k in range(n)]
 
 

@@ -103,6 +103,11 @@ def _peer_entry(name: str, log: RunLog) -> dict[str, Any]:
     compute = sum(r.compute_s for r in rounds)
     wall = sum(r.wall_s for r in rounds)
     exchanges = [e for r in rounds for e in r.exchanges]
+    skipped = sum(r.skipped_steps for r in rounds)
+    # steps left out to line a round up with the others (or to catch up after a join) are compute
+    # the peer could have done: they count as lost time, at the peer's own step time
+    steps = rounds[-1].step - rounds[0].step if len(rounds) > 1 else 0
+    step_s = sum(r.compute_s for r in rounds[1:]) / steps if steps > 0 else 0.0
     return {
         "peer": name,
         "rounds": len(rounds),
@@ -110,7 +115,8 @@ def _peer_entry(name: str, log: RunLog) -> dict[str, Any]:
         "val_loss": final.val_loss if final else None,
         "own_val_loss": _own_loss(final),
         "final_agreement": _agreement(final.agreement if final else None),
-        "utilisation": compute / wall if wall else 0.0,
+        "utilisation": compute / (wall + skipped * step_s) if wall else 0.0,
+        "skipped_steps": skipped,
         "blocked_s": sum(r.blocked_s for r in rounds),
         "bytes_sent": sum(r.bytes_sent for r in rounds),
         "bytes_received": sum(r.bytes_received for r in rounds),

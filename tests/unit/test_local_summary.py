@@ -124,3 +124,20 @@ def test_with_independent_reports_the_gain(tmp_path: Path) -> None:
         "independent"
     )
     assert s["consensus_val_loss"] == 2.2
+
+
+def test_steps_left_out_to_align_a_round_count_as_lost_compute() -> None:
+    from p2p_trainer.round_log import RunLog
+    from p2p_trainer.run.local_swarm import _peer_entry
+
+    def rnd(i: int, step: int, skipped: int) -> RoundRecord:
+        # H = 10 steps of 0.1 s each; a round that skipped k steps computed (10 − k) · 0.1 s
+        compute = (10 - skipped) * 0.1
+        return RoundRecord(
+            "p", 1.0 * i, 0.0, i, step, 100, 3.0, None, compute, 0.0, compute, skipped_steps=skipped
+        )
+
+    entry = _peer_entry("p", RunLog((rnd(0, 10, 0), rnd(1, 16, 4), rnd(2, 26, 0))))
+    assert entry["skipped_steps"] == 4
+    # 2.6 s of compute, over 2.6 s of wall time plus the 4 dropped steps at 0.1 s each
+    assert entry["utilisation"] == pytest.approx(2.6 / 3.0)

@@ -162,6 +162,8 @@ class _Arrivals:
     """Members still expected (not gone) when the window closed."""
     late: set[asyncio.Task[Message | None]] = field(default_factory=set)
     """Their pending reads, kept open to time their arrival."""
+    received: int = 0
+    """Payload bytes of the contributions that arrived (dropped ones included)."""
 
 
 async def _collect(
@@ -186,7 +188,7 @@ async def _collect(
     }
     got: dict[int, tuple[np.ndarray, float]] = {}
     quorum_s: float | None = None
-    last_s = 0.0
+    last_s, received = 0.0, 0
     end = min(deadline, started + group.quorum_wait_s)
     pending = set(tasks)
     while pending:
@@ -206,7 +208,9 @@ async def _collect(
         )
         for task in done:
             j = tasks[task]
-            checked = _check(task.result(), expected, group.max_weight)
+            msg = task.result()
+            received += len(msg.payload) if msg is not None else 0
+            checked = _check(msg, expected, group.max_weight)
             if isinstance(checked, str):
                 logger.warning(
                     "contribution of %s to %s dropped: %s", group.members[j][-8:], group.key, checked
@@ -222,7 +226,7 @@ async def _collect(
     for task in pending - watched:
         task.cancel()
     quorum_s = time.monotonic() - started if quorum_s is None else quorum_s
-    return _Arrivals(got, quorum_s, last_s, len(late), watched)
+    return _Arrivals(got, quorum_s, last_s, len(late), watched, received)
 
 
 async def _watch_late(
@@ -246,16 +250,18 @@ def _included(msg: Message, n: int) -> list[int] | None:
 
 async def _result_part(
     transport: Transport, group: GroupSpec, j: int, size: int, until: float
-) -> tuple[np.ndarray, list[int]] | str:
+) -> tuple[tuple[np.ndarray, list[int]] | str, int]:
+    """Owner j's averaged part (or why it is unusable), and the payload bytes that came."""
     msg = await transport.mailbox.get(f"{group.key}|r|{j}|{group.members[j]}", until - time.monotonic())
+    received = len(msg.payload) if msg is not None else 0
     n = len(group.members)
     checked = _check(msg, size, n * group.max_weight)
     if isinstance(checked, str):
-        return checked
+        return checked, received
     included = _included(msg, n) if msg is not None else None
     if included is None:
-        return "has no valid list of included members"
-    return checked[0], included
+        return "has no valid list of included members", received
+    return (checked[0], included), received
 
 
 async def _gather_results(
@@ -266,13 +272,13 @@ async def _gather_results(
     contributed: set[int],
     own_done: float,
     deadline: float,
-) -> tuple[list[int], set[str], int]:
+) -> tuple[list[int], set[str], int, int]:
     """Phase 2: write the other owners' averaged parts into `out` where they come back in time.
 
     Waits `grace_s + result_wait_s` for owners that contributed to this member's part, not at all
     for the others. Returns the contributor count of each part received (1 for a part kept as own
-    values), the short ids of members left out of some part, and how many parts came back without
-    this member's values (it was late for them).
+    values), the short ids of members left out of some part, how many parts came back without
+    this member's values (it was late for them), and the payload bytes received.
     """
     n, me = len(group.members), group.members.index(group.me)
     short = [m[-8:] for m in group.members]
@@ -286,9 +292,10 @@ async def _gather_results(
         )
         for j in others
     }
-    sizes, left_out, late = [], set(), 0
+    sizes, left_out, late, received = [], set(), 0, 0
     for j, task in waits.items():
-        got = await task
+        got, nbytes = await task
+        received += nbytes
         if isinstance(got, str) or me not in got[1]:
             late += not isinstance(got, str)  # it came back, averaged without this member
             why = got if isinstance(got, str) else "does not include this member's contribution"
@@ -300,7 +307,7 @@ async def _gather_results(
         out[a:b] = got[0]
         sizes.append(len(got[1]))
         left_out.update(short[i] for i in others if i not in got[1])
-    return sizes, left_out, late
+    return sizes, left_out, late, received
 
 
 def _finish_in_background(sends: list[asyncio.Task[Any]], transport: Transport, key: str) -> None:
@@ -365,7 +372,7 @@ async def butterfly_average(
 
     out = data.copy()  # parts that do not come back keep this member's own values
     out[lo:hi] = mine
-    sizes, left_out, late_parts = await _gather_results(
+    sizes, left_out, late_parts, results_received = await _gather_results(
         transport, group, bounds, out, set(arrivals.values), own_done, deadline
     )
     sizes.append(len(included))
@@ -387,7 +394,7 @@ async def butterfly_average(
         group_size=min(sizes),
         total_weight=total_w,
         bytes_sent=moved,
-        bytes_received=moved,
+        bytes_received=arrivals.received + results_received,
         elapsed_s=elapsed,
         left_out=tuple(sorted(left_out)),
         own_parts=own_parts,

@@ -252,6 +252,8 @@ def test_float16_wire_halves_the_bytes_and_every_member_ends_with_the_same_value
     # per member: 2 contributions and 2 copies of its averaged part, 4 values each, 2 bytes per
     # value, except member c's averaged part (it holds 1e6), which goes as float32
     assert [r.bytes_sent for r in results] == [32, 32, 16 + 2 * 4 * 4]
+    # what came in: 2 contributions of 8 bytes, and the 2 other averaged parts, c's as float32
+    assert [r.bytes_received for r in results] == [16 + 8 + 16, 16 + 8 + 16, 16 + 8 + 8]
 
 
 def test_a_part_in_an_unknown_number_format_is_dropped() -> None:

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PEERS ?= 4
 
-.PHONY: setup run test lint typecheck unit integration clean
+.PHONY: setup run test lint typecheck unit integration bench-check clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,7 +35,11 @@ integration: setup
 	$(BIN)/pytest -q tests/integration
 
 test: lint typecheck
-	$(BIN)/pytest -q -rs tests
+	$(BIN)/pytest -q -rs -m "not bench" tests
+
+# the benchmarks' own end-to-end runs (the quick WAN head-to-head: ~10 min, as root)
+bench-check: setup
+	$(BIN)/pytest -q -rs -m bench tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

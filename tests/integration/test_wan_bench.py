@@ -21,7 +21,7 @@ from tests.conftest import skip_unless_supported
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(960)
 def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
     skip_unless_supported()

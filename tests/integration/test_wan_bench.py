@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from p2p_trainer.round_log import read_log
 from tests.conftest import skip_unless_supported
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +44,13 @@ def test_quick_wan_bench_measures_sane_numbers(tmp_path: Path) -> None:
     for name, s in summary.items():
         assert s["utilisation"] is not None and 0 < s["utilisation"] <= 1.0, name
         assert s["final_loss"] is not None and s["final_loss"] < 5.0, name  # trained (5.55 = uniform)
-    # every method that communicates moved bytes, and independent moved (almost) none
-    assert summary["independent"]["tx_bytes_per_peer"] < 0.05 * summary["diloco"]["tx_bytes_per_peer"]
+    # every method that communicates moved bytes; independent peers made no exchange at all (their
+    # interface counters still show the DHT's control plane, which a 25 s run's DiLoCo does not
+    # dwarf: 0.7 MB against 10 MB per peer)
+    assert summary["diloco"]["tx_bytes_per_peer"] > 0
+    for log in (out / "report" / "independent-s0").glob("peer*/metrics.jsonl"):
+        rounds = read_log(log).rounds
+        assert rounds and all(r.exchanges == () and r.bytes_sent == 0 for r in rounds), log
     sanity = results["sanity"]
     assert sanity["data_parallel_best_per_token"], sanity["loss_at_equal_tokens"]
     assert sanity["bytes_within_5pct"], sanity["bytes_vs_theory"]

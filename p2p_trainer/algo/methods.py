@@ -135,7 +135,14 @@ class _BlockingExchanges:
             wire_dtype=xcfg.wire_dtype,
         )
 
-    def _start_behind(self, tag: str, state: OuterState, group: int, weight: float) -> PendingExchange:
+    def _start_behind(
+        self,
+        tag: str,
+        state: OuterState,
+        group: int,
+        weight: float,
+        tensors: list[torch.Tensor] | None = None,
+    ) -> PendingExchange:
         """Start averaging the anchor in the background, for the length of the round's inner steps.
 
         Waiting for a partner's contribution here costs no compute until the round ends, so the
@@ -147,7 +154,7 @@ class _BlockingExchanges:
         behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
         wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
-        return self.exchange.start(state.anchor, req)
+        return self.exchange.start(state.anchor if tensors is None else tensors, req)
 
     def _average(
         self,
@@ -199,18 +206,24 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
     def begin_round(self, state: OuterState, weight: float) -> None:
         every = self.cfg.reagree_every
         if self._diverged or (every and state.round % every == every - 1):
-            self._reagree = self._start_behind("reagree", state, ALL, weight)
+            # the momenta too: after a partial round they differ, and would pull the anchors
+            # apart again by α·β·(m_i − m_j) every round
+            both = [*state.anchor, *state.momentum]
+            self._reagree = self._start_behind("reagree", state, ALL, weight, both)
 
-    def _mixed_anchor(self, state: OuterState, report: RoundReport) -> list[torch.Tensor]:
+    def _mixed_state(
+        self, state: OuterState, report: RoundReport
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if self._reagree is None:
-            return state.anchor
+            return state.anchor, state.momentum
         t0 = time.monotonic()
         res = report.add("reagree", self._reagree.result(self.timing.window_s()), time.monotonic() - t0)
         self._reagree = None
         if isinstance(res, Ok) and merged_fully(res):
             self._diverged = False
-            return res.tensors
-        return state.anchor
+            n = len(state.anchor)
+            return res.tensors[:n], res.tensors[n:]
+        return state.anchor, state.momentum
 
     def end_round(
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
@@ -218,13 +231,13 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
         res = self._average(delta, "outer", state.round, ALL, weight, report)
         mean_delta = res.tensors if isinstance(res, Ok) else delta
-        anchor = self._mixed_anchor(state, report)
+        anchor, momentum = self._mixed_state(state, report)
         self._diverged = self._diverged or not merged_fully(res)
         _finish(
             params,
             state,
             *outer.nesterov_outer_step(
-                anchor, state.momentum, mean_delta, self.cfg.outer_lr, self.cfg.outer_momentum
+                anchor, momentum, mean_delta, self.cfg.outer_lr, self.cfg.outer_momentum
             ),
         )
 

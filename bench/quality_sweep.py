@@ -63,7 +63,14 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def variant_config(base: RunConfig, name: str, steps: int, seed: int) -> RunConfig:
+def variant_config(
+    base: RunConfig,
+    name: str,
+    steps: int,
+    seed: int,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+) -> RunConfig:
     method, overrides = VARIANTS[name]
     if method == "data-parallel":  # gradients averaged every step: H has no meaning
         overrides = {**overrides, "num_inner_steps": 1}
@@ -72,7 +79,11 @@ def variant_config(base: RunConfig, name: str, steps: int, seed: int) -> RunConf
     # a constant learning rate after warm-up: every arm is at the same point of its schedule at
     # the budget, whatever its step count
     inner = dataclasses.replace(base.inner, min_lr_ratio=1.0, eval_every=0)
-    return dataclasses.replace(base, seed=seed, rounds=steps // h, inner=inner, outer=outer)
+    data = dataclasses.replace(base.data, batch_size=batch_size or base.data.batch_size)
+    model = dataclasses.replace(base.model, seq_len=seq_len or base.model.seq_len)
+    return dataclasses.replace(
+        base, seed=seed, rounds=steps // h, inner=inner, outer=outer, data=data, model=model
+    )
 
 
 def run_one(cfg: RunConfig, peers: int) -> dict[str, Any]:
@@ -128,6 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("runs") / "sweep")
     p.add_argument("--steps", type=int, default=1500, help="Inner steps per peer (the budget).")
     p.add_argument("--peers", type=int, default=4)
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="Sequences per micro-batch (default: the config's)."
+    )
+    p.add_argument("--seq-len", type=int, default=None, help="Tokens per sequence (default: the config's).")
     p.add_argument("--seeds", type=int, nargs="+", default=[100, 101])
     p.add_argument("--variants", nargs="+", default=None, help="Names (default: all); see --list.")
     p.add_argument("--list", action="store_true")
@@ -146,11 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     done = {(r["variant"], r["seed"], r["steps"], r["peers"]) for r in runs}
     base = load_config()
+    base = variant_config(base, "independent", 50, base.seed, args.batch_size, args.seq_len)
     for seed in args.seeds:
         for name in names:
             if (name, seed, args.steps, args.peers) in done:
                 continue
-            cfg = variant_config(base, name, args.steps, seed)
+            cfg = variant_config(base, name, args.steps, seed, args.batch_size, args.seq_len)
             print(f"{time.strftime('%H:%M:%S')} {name} seed {seed} ({cfg.rounds} rounds)", flush=True)
             result = run_one(cfg, args.peers)
             runs.append({"variant": name, "seed": seed, "steps": args.steps, "peers": args.peers, **result})

@@ -156,6 +156,11 @@ class _BlockingExchanges:
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
         return self.exchange.start(state.anchor if tensors is None else tensors, req)
 
+    def _take(self, tag: str, pending: PendingExchange, wait_s: float, report: RoundReport) -> ExchangeResult:
+        """A background exchange's result, waited for at most `wait_s` and recorded as blocking time."""
+        t0 = time.monotonic()
+        return report.add(tag, pending.result(wait_s), time.monotonic() - t0)
+
     def _average(
         self,
         tensors: list[torch.Tensor],
@@ -216,8 +221,7 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if self._reagree is None:
             return state.anchor, state.momentum
-        t0 = time.monotonic()
-        res = report.add("reagree", self._reagree.result(self.timing.window_s()), time.monotonic() - t0)
+        res = self._take("reagree", self._reagree, self.timing.window_s(), report)
         self._reagree = None
         if isinstance(res, Ok) and merged_fully(res):
             self._diverged = False
@@ -294,8 +298,7 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
     def _mix1_result(self, state: OuterState, report: RoundReport) -> list[torch.Tensor]:
         if self._mix1 is None:
             return state.anchor
-        t0 = time.monotonic()
-        res = report.add("mix1", self._mix1.result(self.xcfg.mix1_grace_s), time.monotonic() - t0)
+        res = self._take("mix1", self._mix1, self.xcfg.mix1_grace_s, report)
         self._mix1 = None
         return res.tensors if isinstance(res, Ok) else state.anchor
 

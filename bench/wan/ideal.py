@@ -10,14 +10,11 @@ collaboration retained (bench/wan/budget.py).
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import torch
 
 from p2p_trainer.config import OuterConfig, RunConfig
-from p2p_trainer.exchange.inprocess import InProcessSwarm
-from p2p_trainer.train.data import load_corpus
-from p2p_trainer.train.trainer import Peer
+from p2p_trainer.run.threads import run_inprocess
 
 
 def ideal_config(cfg: RunConfig, steps: int, anneal: bool) -> RunConfig:
@@ -30,23 +27,6 @@ def ideal_config(cfg: RunConfig, steps: int, anneal: bool) -> RunConfig:
 def run_ideal(cfg: RunConfig, peers: int, steps: int) -> tuple[list[torch.Tensor], int]:
     """Train `peers` data-parallel peers for `steps` steps (`cfg` from `ideal_config`); returns the
     model (every peer holds the same) and the tokens all peers processed."""
-    corpus = load_corpus(cfg.data, cfg.model.seq_len)
-    swarm = InProcessSwarm(peers, cfg.seed)
-    group = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"slot{i}") for i in range(peers)]
-    errors: list[BaseException] = []
-
-    def work(i: int) -> None:
-        try:
-            group[i].train(steps)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-            swarm.leave(i)
-
-    threads = [threading.Thread(target=work, args=(i,), name=f"ideal{i}") for i in range(peers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [t.detach().clone() for t in group[0].params], sum(p.tokens for p in group)
+    one_per_step = dataclasses.replace(cfg, rounds=max(1, steps))  # as ideal_config: a round is a step
+    res = run_inprocess(one_per_step, peers, torch_threads=torch.get_num_threads(), data_key="slot")
+    return [t.detach().clone() for t in res.anchors[0]], res.tokens

@@ -28,16 +28,23 @@ class InProcessResult:
     """Total tokens processed by all peers."""
     history: list[list[RoundMetrics]]
     failed_exchanges: int
+    anchors: list[list[torch.Tensor]]
+    """Each peer's final φ."""
 
 
 def run_inprocess(
-    cfg: RunConfig, num_peers: int, torch_threads: int = 1, stop: threading.Event | None = None
+    cfg: RunConfig,
+    num_peers: int,
+    torch_threads: int = 1,
+    stop: threading.Event | None = None,
+    data_key: str = "peer",
 ) -> InProcessResult:
-    """Train every peer for `cfg.rounds` rounds, or until `stop` is set (checked between inner steps)."""
+    """Train every peer for `cfg.rounds` rounds, or until `stop` is set (checked between inner steps);
+    peer i reads the data stream `{data_key}{i}`."""
     stop = stop or threading.Event()
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
     swarm = InProcessSwarm(num_peers, cfg.seed)
-    peers = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"peer{i}") for i in range(num_peers)]
+    peers = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"{data_key}{i}") for i in range(num_peers)]
     history: list[list[RoundMetrics]] = [[] for _ in peers]
     errors: list[BaseException] = []
     torch.set_num_threads(torch_threads)
@@ -72,4 +79,5 @@ def run_inprocess(
         tokens=sum(p.tokens for p in peers),
         history=history,
         failed_exchanges=sum(1 for h in history for m in h for e in m.report.exchanges if not e.ok),
+        anchors=anchors,
     )

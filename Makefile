@@ -35,9 +35,10 @@ integration: setup
 	$(BIN)/pytest -q tests/integration
 
 test: lint typecheck
-	$(BIN)/pytest -q -rs -m "not bench" tests
+	$(BIN)/pytest -q -rs --durations=15 -m "not bench" tests
 
-# the benchmarks' own end-to-end runs (the quick WAN head-to-head: ~10 min, as root)
+# the benchmarks' own end-to-end runs and quality targets (quick WAN head-to-head, loss under
+# churn, per-token ordering of the methods: ~25 min, the WAN one as root)
 bench-check: setup
 	$(BIN)/pytest -q -rs -m bench tests
 

@@ -1,7 +1,10 @@
 """Convergence check on the real corpus: 4 in-process peers, every method, a few hundred steps.
 
-If per-step averaging is not the best per token and independent training not the worst, the
-harness is wrong. NoLoCo's γ term must measurably tighten the peers' agreement.
+Every method must learn and NoLoCo's γ term must measurably tighten the peers' agreement; a small
+model shows both in `make test`. The per-token ordering (per-step averaging best, independent
+training worst) needs the larger model, where the outer steps have room to pay: at this budget
+the small model's DiLoCo trails independent training, so that check is a benchmark
+(`make bench-check`).
 """
 
 from __future__ import annotations
@@ -18,26 +21,30 @@ logger = logging.getLogger(__name__)
 ROUNDS, H, PEERS = 30, 10, 4
 
 
-def _cfg(method: str, **outer: float) -> RunConfig:
+SMALL = ModelConfig(d_model=64, n_layers=2, n_heads=4, seq_len=64)
+"""A quarter of the large model's compute per step; enough to show learning and γ's effect."""
+LARGE = ModelConfig(d_model=128, n_layers=4, n_heads=4, seq_len=64)
+
+
+def _cfg(method: str, model: ModelConfig, **outer: float) -> RunConfig:
     return RunConfig(
         seed=0,
         rounds=ROUNDS,
-        model=ModelConfig(d_model=128, n_layers=4, n_heads=4, seq_len=64),
+        model=model,
         data=DataConfig(batch_size=8, val_batches=8),
         inner=InnerConfig(lr=1e-3, warmup_steps=10, eval_every=0),
         outer=OuterConfig.for_method(method, num_inner_steps=H, **outer),
     )
 
 
-@pytest.fixture(scope="module")
-def results() -> dict[str, InProcessResult]:
+def _run_all(model: ModelConfig) -> dict[str, InProcessResult]:
     runs = {
-        "data-parallel": _cfg("data-parallel"),
-        "diloco": _cfg("diloco"),
-        "noloco": _cfg("noloco"),
-        "noloco-gamma0": _cfg("noloco", gamma=0.0),
-        "factored": _cfg("factored"),
-        "independent": _cfg("independent"),
+        "data-parallel": _cfg("data-parallel", model),
+        "diloco": _cfg("diloco", model),
+        "noloco": _cfg("noloco", model),
+        "noloco-gamma0": _cfg("noloco", model, gamma=0.0),
+        "factored": _cfg("factored", model),
+        "independent": _cfg("independent", model),
     }
     out = {name: run_inprocess(cfg, PEERS) for name, cfg in runs.items()}
     for name, r in out.items():
@@ -52,6 +59,16 @@ def results() -> dict[str, InProcessResult]:
     return out
 
 
+@pytest.fixture(scope="module")
+def results() -> dict[str, InProcessResult]:
+    return _run_all(SMALL)
+
+
+@pytest.fixture(scope="module")
+def large_results() -> dict[str, InProcessResult]:
+    return _run_all(LARGE)
+
+
 @pytest.mark.timeout(2400)
 def test_every_method_learns(results: dict[str, InProcessResult]) -> None:
     for name, r in results.items():
@@ -60,10 +77,11 @@ def test_every_method_learns(results: dict[str, InProcessResult]) -> None:
         assert r.tokens == PEERS * ROUNDS * H * 8 * 64
 
 
+@pytest.mark.bench
 @pytest.mark.timeout(2400)
-def test_ordering_per_token(results: dict[str, InProcessResult]) -> None:
+def test_ordering_per_token(large_results: dict[str, InProcessResult]) -> None:
     # the five methods; NoLoCo with γ = 0 is an ablation, not a method
-    mean = {k: sum(r.val_loss) / len(r.val_loss) for k, r in results.items() if k != "noloco-gamma0"}
+    mean = {k: sum(r.val_loss) / len(r.val_loss) for k, r in large_results.items() if k != "noloco-gamma0"}
     assert mean["data-parallel"] == min(mean.values()), mean
     assert mean["independent"] == max(mean.values()), mean
 

@@ -19,6 +19,7 @@ from p2p_trainer.config.sections import (
     NetworkConfig,
     WireDtype,
 )
+from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.config.toml_io import (
     SECTIONS,
     config_from_dict,
@@ -42,6 +43,7 @@ __all__ = [
     "NetworkConfig",
     "OuterConfig",
     "RunConfig",
+    "SecurityConfig",
     "WireDtype",
     "config_from_dict",
     "default_config_text",

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from p2p_trainer.config.checks import check_fields, choices, require
 from p2p_trainer.config.sections import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, NetworkConfig
+from p2p_trainer.config.security import SecurityConfig
 
 Method = Literal["factored", "noloco", "diloco", "data-parallel", "independent"]
 METHODS: tuple[str, ...] = choices(Method)
@@ -148,6 +149,8 @@ class RunConfig:
     """[exchange]: quorum, grace window, time limits and wire format of exchanges."""
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """[network]: heartbeat and state-download timing."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """[security]: checks on records, messages and contributions from other peers (SECURITY.md)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "")

@@ -13,6 +13,7 @@ import tomllib
 from p2p_trainer.config.checks import ConfigError, require
 from p2p_trainer.config.run import OuterConfig, RunConfig
 from p2p_trainer.config.sections import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, NetworkConfig
+from p2p_trainer.config.security import SecurityConfig
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -21,6 +22,7 @@ SECTIONS: dict[str, type] = {
     "outer": OuterConfig,
     "exchange": ExchangeConfig,
     "network": NetworkConfig,
+    "security": SecurityConfig,
 }
 """RunConfig's tables, in the order `to_toml` writes them."""
 

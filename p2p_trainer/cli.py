@@ -174,6 +174,7 @@ def join(
         port=port,
         announce_host=announce_host,
         initial_peers=tuple(initial_peers),
+        verify_records=cfg.security.defences,
     )
     opts = JoinOptions(
         run=cfg,

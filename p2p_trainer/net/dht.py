@@ -5,6 +5,10 @@ p2pd), our Ed25519 identity, and the bookkeeping to shut it all down without lea
 or a socket file. A node's identity is refused if it is live elsewhere: on this machine by a flock
 on `<key>.lock`, across machines by a liveness record in the DHT that the node refreshes while it
 runs and replaces with a `stopped` record when it shuts down cleanly.
+
+Every node (bootstrap nodes too) installs `SignedRecordValidator` unless `verify_records` is off,
+so it neither stores nor returns a record that its owner did not sign (`record_validator.py`).
+The node signs its own records with its identity key (`NetNode.signer`) either way.
 """
 
 from __future__ import annotations
@@ -35,13 +39,16 @@ from p2p_trainer.net.addresses import (
     unreachable_message,
     validate_initial_peers,
 )
+from p2p_trainer.net.envelope import DropCounter, Signer
 from p2p_trainer.net.identity import (
     IdentityError,
     IdentityInUseError,
     IdentityLock,
     NodeIdentity,
     load_or_create_identity,
+    load_signing_key,
 )
+from p2p_trainer.net.record_validator import SignedRecordValidator
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +91,9 @@ class DHTConfig:
     shutdown_timeout_s: float = 5.0
     call_timeout_s: float = 30.0
     """Upper bound on one DHT call (store, get); past it the call raises `DHTCallTimeout`."""
+    verify_records: bool = True
+    """Install the validator that refuses unsigned or forged records (off only with the security
+    defences off, so attack tests can show what forged records do)."""
 
 
 def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], timeout_s: float) -> None:
@@ -104,7 +114,7 @@ def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], tim
 
 
 def _try_start(
-    config: DHTConfig, identity: NodeIdentity, initial_peers: list[str]
+    config: DHTConfig, identity: NodeIdentity, initial_peers: list[str], drops: DropCounter
 ) -> tuple[hivemind.DHT, list[processes.DaemonProcess]]:
     # p2pd takes the announced address at start, so a node that announces one picks its port first
     port = free_port(config.host) if config.announce_host and config.port == 0 else config.port
@@ -117,6 +127,7 @@ def _try_start(
         identity_path=str(identity.path),
         check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check in NetNode
         startup_timeout=config.startup_timeout_s,
+        record_validators=[SignedRecordValidator(drops)] if config.verify_records else [],
     )
     dht.run_in_background(await_ready=False)
     seen: dict[int, processes.DaemonProcess] = {}
@@ -133,12 +144,12 @@ def _try_start(
 
 
 def _start_with_retries(
-    config: DHTConfig, identity: NodeIdentity, stop: threading.Event | None
+    config: DHTConfig, identity: NodeIdentity, stop: threading.Event | None, drops: DropCounter
 ) -> tuple[hivemind.DHT, list[processes.DaemonProcess]]:
     initial_peers = validate_initial_peers(config.initial_peers)
     for attempt in range(config.connect_attempts):
         try:
-            return _try_start(config, identity, initial_peers)
+            return _try_start(config, identity, initial_peers, drops)
         except Exception as e:
             if not initial_peers or not any(text in str(e) for text in _BOOTSTRAP_FAILURES):
                 raise
@@ -180,15 +191,17 @@ def start_node(config: DHTConfig, stop: threading.Event | None = None) -> NetNod
                 f"identity {identity.path} (peer id {identity.peer_id}) is the identity of initial peer "
                 f"{maddr}; every node needs its own key: use a different --identity path"
             )
+    signer = Signer(load_signing_key(identity))
+    drops = DropCounter(f"DHT node {identity.peer_id[-8:]}")
     lock = IdentityLock(identity)
     lock.acquire()
     try:
-        dht, daemons = _start_with_retries(config, identity, stop)
+        dht, daemons = _start_with_retries(config, identity, stop, drops)
     except BaseException:
         lock.release()
         raise
     try:
-        node = NetNode(dht, daemons, identity, lock, config)
+        node = NetNode(dht, daemons, identity, lock, config, signer, drops)
     except BaseException:
         dht.shutdown()
         processes.cleanup_daemons(daemons, grace_s=config.shutdown_timeout_s)
@@ -234,9 +247,14 @@ class NetNode:
         identity: NodeIdentity,
         lock: IdentityLock,
         config: DHTConfig,
+        signer: Signer,
+        drops: DropCounter,
     ) -> None:
         self.dht = dht
         self.identity = identity
+        self.signer = signer
+        """Signs this node's records with its identity key."""
+        self.drops = drops
         self.config = config
         self.started_at = time.monotonic()
         self._lock = lock
@@ -253,6 +271,10 @@ class NetNode:
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
+
+    def record_drops(self) -> dict[str, int]:
+        """Records the validator refused so far (stored by others, or returned to us), by reason."""
+        return self.drops.counts()
 
     @property
     def daemon_pids(self) -> list[int]:
@@ -320,7 +342,7 @@ class NetNode:
             raise IdentityError(
                 f"p2pd reports peer id {reported}, but {self.identity.path} gives {self.peer_id}"
             )
-        other = records.find_liveness(self, self.peer_id)
+        other = records.find_liveness(self, self.peer_id, self.config.verify_records)
         if other is not None and other.state == "live" and other.instance != self._instance:
             if left_by_dead_process(other):
                 # A node of ours that was killed on this machine: we hold its key's flock, and its
@@ -333,14 +355,16 @@ class NetNode:
                     f"--identity path. If that node was killed abruptly, its record expires within "
                     f"{self.config.liveness_ttl_s:.0f} s"
                 )
-        records.publish_liveness(self, self._liveness("live"), self.config.liveness_ttl_s)
+        records.publish_liveness(self, self._liveness("live"), self.config.liveness_ttl_s, self.signer)
         self._keepalive = threading.Thread(target=self._keep_alive, name="liveness", daemon=True)
         self._keepalive.start()
 
     def _keep_alive(self) -> None:
         while not self._stop_keepalive.wait(self.config.liveness_period_s):
             try:
-                records.publish_liveness(self, self._liveness("live"), self.config.liveness_ttl_s)
+                records.publish_liveness(
+                    self, self._liveness("live"), self.config.liveness_ttl_s, self.signer
+                )
             except Exception as e:  # a failed refresh is retried next period; the node keeps running
                 logger.warning("could not refresh the liveness record: %s", e)
 
@@ -376,14 +400,10 @@ class NetNode:
         if not self.is_healthy():
             logger.info("DHT process or p2pd already gone; the liveness record expires on its own")
             return
-        liveness = self._liveness("stopped")
+        key, expiration = records.liveness_key(self.peer_id), records.now() + self.config.liveness_ttl_s
+        sealed = self.signer.seal(key, None, expiration, self._liveness("stopped").encode())
         with self._calls:
-            future = self.dht.store(
-                records.liveness_key(self.peer_id),
-                liveness.encode(),
-                records.now() + self.config.liveness_ttl_s,
-                return_future=True,
-            )
+            future = self.dht.store(key, sealed, expiration, return_future=True)
             try:
                 self._wait(future, "store of the stopped record", timeout_s=self.config.shutdown_timeout_s)
             except Exception as e:  # the live record then expires on its own after liveness_ttl_s

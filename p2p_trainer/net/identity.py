@@ -148,6 +148,14 @@ def load_or_create_identity(path: str | os.PathLike[str]) -> NodeIdentity:
     return identity
 
 
+def load_signing_key(identity: NodeIdentity) -> nacl.signing.SigningKey:
+    """The private key of a loaded identity, to sign the node's DHT records with (`envelope.py`)."""
+    signing_key = decode_private_key(identity.path.read_bytes(), identity.path)
+    if bytes(signing_key.verify_key) != identity.public_key:
+        raise IdentityError(f"identity file {identity.path} changed while the node was starting")
+    return signing_key
+
+
 class IdentityLock:
     """An exclusive flock on `<key>.lock`, held while a node uses the key on this machine."""
 

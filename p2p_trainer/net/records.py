@@ -5,8 +5,12 @@ each field is checked for type and range before it becomes a record; malformed r
 with a log line. Keys are scoped by run name:
 
 - `p2p-trainer/<run>/peers`, subkey = peer id: a `Heartbeat`, expiring after a few heartbeat periods;
-- `p2p-trainer/<run>/definition`: the `RunDefinition` that every peer of the run must share;
+- `p2p-trainer/<run>/definition`, subkey = publisher's peer id: the `RunDefinition` it trains;
 - `p2p-trainer/identity/<peer id>`: a `Liveness` record, used to refuse a second node with a live key.
+
+Every value is a signed envelope (`envelope.py`) sealed by the peer the key names, so a peer can
+write only its own heartbeat, definition and liveness record. Readers check the signature and
+that binding (`verify=True`, the default); with the security defences off they only decode.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 import msgpack
 from hivemind.utils.timed_storage import get_dht_time
 
+from p2p_trainer.net.envelope import READ_DROPS, EnvelopeError, Signer, open_envelope, open_verified
 from p2p_trainer.net.identity import B58_ALPHABET
 
 logger = logging.getLogger(__name__)
@@ -33,7 +38,11 @@ _MAX_STR = 128
 
 
 class RecordError(ValueError):
-    """A record that fails validation."""
+    """A record that fails validation; `reason` names the drop counter (`envelope.REASONS`)."""
+
+    def __init__(self, message: str, reason: str = "body") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RunDefinitionMismatch(RuntimeError):
@@ -51,6 +60,31 @@ class DHTLike(Protocol):
 def now() -> float:
     """DHT time (seconds), the clock that record expirations are measured in."""
     return float(get_dht_time())
+
+
+def seal_and_store(
+    dht: DHTLike, signer: Signer, key: str, subkey: str | None, body: bytes, expiration_time: float
+) -> bool:
+    """Store `body` signed by `signer` (the owner of `key`/`subkey`) until `expiration_time`."""
+    sealed = signer.seal(key, subkey, expiration_time, body)
+    return bool(dht.store(key, sealed, expiration_time, subkey=subkey))
+
+
+def open_body(entry: object, key: str, subkey: str | None, verify: bool) -> bytes:
+    """The body of a value read back from the DHT (`entry` has `.value` and `.expiration_time`).
+
+    Raises `RecordError` for anything but a well-formed envelope; with `verify`, also unless its
+    owner signed it for this key, subkey and expiry. Drops are counted in `READ_DROPS`.
+    """
+    data, expiration = getattr(entry, "value", None), getattr(entry, "expiration_time", None)
+    try:
+        if not verify:
+            return open_envelope(data).body
+        if not isinstance(expiration, int | float):
+            raise EnvelopeError("malformed", "no expiration time")
+        return open_verified(data, key, subkey, float(expiration)).body
+    except EnvelopeError as e:
+        raise RecordError(str(e), e.reason) from None
 
 
 def pack(fields: dict[str, object]) -> bytes:
@@ -165,45 +199,63 @@ def heartbeat_key(run_name: str) -> str:
     return f"{KEY_PREFIX}/{run_name}/peers"
 
 
-def publish_heartbeat(dht: DHTLike, run_name: str, heartbeat: Heartbeat, ttl_s: float) -> bool:
-    """Store `heartbeat` under the run's peers key (subkey = peer id), expiring `ttl_s` from now.
+def publish_heartbeat(
+    dht: DHTLike, run_name: str, heartbeat: Heartbeat, ttl_s: float, signer: Signer
+) -> bool:
+    """Store `heartbeat`, signed, under the run's peers key (subkey = peer id), expiring `ttl_s` from now.
 
-    Raises `RecordError` if the heartbeat would be dropped by the other peers (e.g. a NaN loss).
+    Raises `RecordError` if the heartbeat would be dropped by the other peers (e.g. a NaN loss, or
+    a peer id that is not the signer's).
     """
     _check_heartbeat(Heartbeat.decode(heartbeat.encode()))
-    return bool(
-        dht.store(heartbeat_key(run_name), heartbeat.encode(), now() + ttl_s, subkey=heartbeat.peer_id)
-    )
+    if heartbeat.peer_id != signer.peer_id:
+        raise RecordError(f"heartbeat of {heartbeat.peer_id} cannot be signed by {signer.peer_id}")
+    body = heartbeat.encode()
+    return seal_and_store(dht, signer, heartbeat_key(run_name), heartbeat.peer_id, body, now() + ttl_s)
 
 
-def list_live_peers(dht: DHTLike, run_name: str, left: set[str] | None = None) -> list[Heartbeat]:
-    """Heartbeats of the run's live peers, sorted by peer id; malformed records are logged and dropped.
-
-    Tombstones (`leaving`) are left out: a peer that left cleanly disappears at once. Their peer
-    ids are added to `left` where one is given.
-    """
+def read_heartbeats(dht: DHTLike, run_name: str, verify: bool = True) -> list[tuple[Heartbeat, float]]:
+    """Every well-formed heartbeat of the run (tombstones and expired ones too) with its expiration
+    time, sorted by peer id; malformed or forged records are counted and dropped."""
     found = dht.get(heartbeat_key(run_name), latest=True)
     if found is None:
         return []
     entries = getattr(found, "value", None)
     if not isinstance(entries, dict):
-        logger.warning("dropping peers record of run %r: not a subkey map", run_name)
+        READ_DROPS.count("malformed", f"dropping peers record of run {run_name!r}: not a subkey map")
         return []
-    current = now()
     heartbeats = []
     for subkey, entry in entries.items():
         try:
-            heartbeat = _check_heartbeat(Heartbeat.decode(getattr(entry, "value", None)))
+            if not isinstance(subkey, str):
+                raise RecordError(f"subkey of type {type(subkey).__name__}")
+            body = open_body(entry, heartbeat_key(run_name), subkey, verify)
+            heartbeat = _check_heartbeat(Heartbeat.decode(body))
             if heartbeat.peer_id != subkey:
                 raise RecordError(f"peer id {heartbeat.peer_id!r} differs from its subkey")
         except RecordError as e:
-            logger.warning("dropping malformed heartbeat under subkey %r: %s", subkey, e)
+            READ_DROPS.count(e.reason, f"dropping malformed heartbeat under subkey {subkey!r}: {e}")
             continue
+        heartbeats.append((heartbeat, float(getattr(entry, "expiration_time", 0.0))))
+    return sorted(heartbeats, key=lambda item: item[0].peer_id)
+
+
+def list_live_peers(
+    dht: DHTLike, run_name: str, left: set[str] | None = None, verify: bool = True
+) -> list[Heartbeat]:
+    """Heartbeats of the run's live peers, sorted by peer id; malformed records are counted and dropped.
+
+    Tombstones (`leaving`) are left out: a peer that left cleanly disappears at once. Their peer
+    ids are added to `left` where one is given.
+    """
+    current = now()
+    heartbeats = []
+    for heartbeat, expiration in read_heartbeats(dht, run_name, verify):
         if heartbeat.leaving and left is not None:
             left.add(heartbeat.peer_id)
-        if float(getattr(entry, "expiration_time", 0.0)) >= current and not heartbeat.leaving:
+        if expiration >= current and not heartbeat.leaving:
             heartbeats.append(heartbeat)
-    return sorted(heartbeats, key=lambda h: h.peer_id)
+    return heartbeats
 
 
 # ------------------------------------------------------------------------------------------------ run definition
@@ -258,27 +310,72 @@ def run_definition_key(run_name: str) -> str:
     return f"{KEY_PREFIX}/{run_name}/definition"
 
 
-def check_run_definition(dht: DHTLike, run_name: str, ours: RunDefinition, ttl_s: float) -> None:
-    """Refuse (`RunDefinitionMismatch`) to join a run whose published definition differs from ours.
+def read_definitions(dht: DHTLike, run_name: str, verify: bool = True) -> dict[str, RunDefinition]:
+    """The run definitions published for the run, by publisher; malformed or forged ones dropped."""
+    key = run_definition_key(run_name)
+    found = dht.get(key, latest=True)
+    entries = getattr(found, "value", None)
+    if not isinstance(entries, dict):
+        return {}
+    published = {}
+    for publisher, entry in entries.items():
+        try:
+            if not isinstance(publisher, str):
+                raise RecordError(f"subkey of type {type(publisher).__name__}")
+            published[publisher] = RunDefinition.decode(open_body(entry, key, publisher, verify))
+        except RecordError as e:
+            READ_DROPS.count(e.reason, f"ignoring malformed run definition of run {run_name!r}: {e}")
+    return published
 
-    If the run has no definition yet, or the same one, publish ours (refreshing its expiration).
+
+MAX_LIVENESS_LOOKUPS = 16
+"""Publishers whose liveness record one check looks up, at most, on top of the live heartbeats."""
+
+
+def _live_publishers(dht: DHTLike, publishers: list[str], live: set[str], verify: bool) -> list[str]:
+    """The `publishers` that are live: a heartbeat in the run, or a `live` liveness record (a peer
+    between its join and its first heartbeat). Unverified records prove nothing: with defences off
+    (`verify` false) every publisher counts."""
+    if not verify:
+        return publishers
+    found = [p for p in publishers if p in live]
+    for publisher in [p for p in publishers if p not in live][:MAX_LIVENESS_LOOKUPS]:
+        record = find_liveness(dht, publisher, verify)
+        if record is not None and record.state == "live":
+            found.append(publisher)
+    return found
+
+
+def check_run_definition(
+    dht: DHTLike, run_name: str, ours: RunDefinition, ttl_s: float, signer: Signer, verify: bool = True
+) -> None:
+    """Refuse (`RunDefinitionMismatch`) to join a run whose live peers all publish another definition.
+
+    Each peer publishes its own definition (subkey = its peer id), so a forged definition is only
+    ever its forger's. This peer joins if a live peer publishes ours, or if no live peer publishes
+    any; it then publishes ours (refreshing its expiration).
     """
     json.dumps(ours.fields)  # fail early, here, if the fields are not plain JSON-like data
-    found = dht.get(run_definition_key(run_name), latest=True)
-    if found is not None:
-        try:
-            theirs = RunDefinition.decode(getattr(found, "value", None))
-        except RecordError as e:
-            logger.warning("ignoring malformed run definition of run %r: %s", run_name, e)
-        else:
-            differences = diff_run_definitions(ours, theirs)
-            if differences:
-                lines = "; ".join(f"{name}: ours={a!r}, swarm's={b!r}" for name, a, b in differences)
-                raise RunDefinitionMismatch(
-                    f"refusing to join run {run_name!r}: its run definition differs from ours in "
-                    f"{len(differences)} field(s): {lines}. Use the swarm's config, or choose another run name"
-                )
-    dht.store(run_definition_key(run_name), ours.encode(), now() + ttl_s)
+    published = read_definitions(dht, run_name, verify)
+    published.pop(signer.peer_id, None)
+    same = [p for p, d in published.items() if d.digest == ours.digest]
+    other = sorted(p for p, d in published.items() if d.digest != ours.digest)
+    if other:
+        live = {h.peer_id for h in list_live_peers(dht, run_name, verify=verify)}
+        if _live_publishers(dht, same, live, verify):
+            logger.info("%d peer(s) of run %r publish another run definition; joining", len(other), run_name)
+        elif differing := _live_publishers(dht, other, live, verify):
+            theirs = published[differing[0]]
+            lines = "; ".join(
+                f"{name}: ours={a!r}, swarm's={b!r}" for name, a, b in diff_run_definitions(ours, theirs)
+            )
+            raise RunDefinitionMismatch(
+                f"refusing to join run {run_name!r}: its run definition differs from ours in "
+                f"{len(diff_run_definitions(ours, theirs))} field(s): {lines}. Use the swarm's config, "
+                f"or choose another run name"
+            )
+    key = run_definition_key(run_name)
+    seal_and_store(dht, signer, key, signer.peer_id, ours.encode(), now() + ttl_s)
 
 
 # ------------------------------------------------------------------------------------------------ liveness
@@ -317,17 +414,23 @@ def liveness_key(peer_id: str) -> str:
     return f"{KEY_PREFIX}/identity/{peer_id}"
 
 
-def find_liveness(dht: DHTLike, peer_id: str) -> Liveness | None:
-    """The latest liveness record of `peer_id`, or None if there is none (or it is malformed)."""
+def find_liveness(dht: DHTLike, peer_id: str, verify: bool = True) -> Liveness | None:
+    """The latest liveness record of `peer_id`, or None if there is none (or it is malformed or forged)."""
     found = dht.get(liveness_key(peer_id), latest=True)
     if found is None:
         return None
     try:
-        return Liveness.decode(getattr(found, "value", None))
+        liveness = Liveness.decode(open_body(found, liveness_key(peer_id), None, verify))
+        if liveness.peer_id != peer_id:
+            raise RecordError(f"record of {liveness.peer_id} under the key of {peer_id}")
     except RecordError as e:
-        logger.warning("ignoring malformed liveness record of %s: %s", peer_id, e)
+        READ_DROPS.count(e.reason, f"ignoring malformed liveness record of {peer_id}: {e}")
         return None
+    return liveness
 
 
-def publish_liveness(dht: DHTLike, liveness: Liveness, ttl_s: float) -> bool:
-    return bool(dht.store(liveness_key(liveness.peer_id), liveness.encode(), now() + ttl_s))
+def publish_liveness(dht: DHTLike, liveness: Liveness, ttl_s: float, signer: Signer) -> bool:
+    if liveness.peer_id != signer.peer_id:
+        raise RecordError(f"liveness record of {liveness.peer_id} cannot be signed by {signer.peer_id}")
+    body = liveness.encode()
+    return seal_and_store(dht, signer, liveness_key(liveness.peer_id), None, body, now() + ttl_s)

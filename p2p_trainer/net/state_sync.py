@@ -55,6 +55,8 @@ class DonorState(OuterState):
     """Seconds the donor had spent in this round by the time the payload arrived."""
     donor_step_s: float = 0.0
     """The donor's inner-step time; 0 when it did not know or say."""
+    sha256: str = ""
+    """Hash of the payload as received (what a second donor confirms)."""
 
 
 def catch_up_steps(state: DonorState, num_inner_steps: int, own_step_s: float | None) -> int:
@@ -116,6 +118,8 @@ class StateServer:
             "step_s": snap.step_s,
         }
         await P2P.send_raw_data(encode_header(header), writer)
+        if request.get("header_only") is True:  # a joiner confirming another donor's state hash
+            return
         # one length-prefixed frame (P2P.send_raw_data's framing), written in two halves so a fault
         # can strike mid-transfer; memoryview slices, so the state is not copied
         view, half = memoryview(payload), len(payload) // 2
@@ -150,15 +154,21 @@ async def _read_payload(reader: asyncio.StreamReader, max_bytes: int, stall_time
 
 
 async def _fetch(
-    transport: Transport, donor: str, run_id: str, nbytes: int, stall_timeout_s: float
+    transport: Transport,
+    donor: str,
+    run_id: str,
+    nbytes: int,
+    stall_timeout_s: float,
+    header_only: bool = False,
 ) -> tuple[dict[str, object], bytes]:
     _, reader, writer = await transport.p2p.call_binary_stream_handler(
         PeerID.from_base58(donor), STATE_PROTOCOL
     )
     try:
-        await P2P.send_raw_data(encode_header({"key": "state", "run": run_id}), writer)
+        request = {"key": "state", "run": run_id, "header_only": header_only}
+        await P2P.send_raw_data(encode_header(request), writer)
         header = decode_header(await asyncio.wait_for(read_frame(reader, MAX_HEADER_BYTES), stall_timeout_s))
-        if "error" in header:
+        if "error" in header or header_only:
             return header, b""
         return header, await _read_payload(reader, nbytes, stall_timeout_s)
     finally:
@@ -211,6 +221,18 @@ def first_download(
     return failures
 
 
+def state_header(transport: Transport, donor: str, run_id: str, timeout_s: float) -> tuple[int, str] | Failed:
+    """(round, sha256 of the payload) of the state `donor` serves now, without the payload."""
+    try:
+        header, _ = transport.run(_fetch(transport, donor, run_id, 0, timeout_s, header_only=True), timeout_s)
+    except Exception as exc:  # any transport error: the donor cannot confirm
+        return Failed(f"state header from {donor[-8:]} failed: {exc!r}")
+    rnd, digest = header.get("round"), header.get("sha256")
+    if "error" in header or not isinstance(rnd, int) or not isinstance(digest, str):
+        return Failed(f"donor {donor[-8:]} sent no state header: {str(header)[:200]}")
+    return rnd, digest
+
+
 def download_state(
     transport: Transport,
     donor: str,
@@ -251,6 +273,7 @@ def download_state(
         anchor=tensors[: len(like)],
         momentum=tensors[len(like) :],
         round=rnd,
+        sha256=str(header["sha256"]),  # checked against the payload above
         # the header's elapsed time was taken before the payload left: add the transfer
         round_elapsed_s=timing[0] + (time.monotonic() - t0),
         donor_step_s=timing[1],

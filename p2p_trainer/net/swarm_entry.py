@@ -23,11 +23,14 @@ def join_swarm(
 
     Raises `AddressError`, `IdentityError`, `InitialPeersUnreachable` or `RunDefinitionMismatch`;
     on any of them nothing is left running. The caller owns the returned node and must `shutdown()` it.
-    Every joiner re-publishes the run definition, which lives `definition_ttl_s` in the DHT.
+    Every joiner publishes its own, signed run definition, which lives `definition_ttl_s` in the DHT;
+    the definitions are checked (signatures, live publishers) as the node's `verify_records` says.
     """
     node = start_node(config, stop=stop)
     try:
-        records.check_run_definition(node, run_name, records.RunDefinition(run_definition), definition_ttl_s)
+        ours = records.RunDefinition(run_definition)
+        verify = config.verify_records
+        records.check_run_definition(node, run_name, ours, definition_ttl_s, node.signer, verify)
     except BaseException:
         node.shutdown()
         raise

@@ -20,6 +20,10 @@ back everywhere. Groups are derived from the views, so the survivors agree on th
 within about one heartbeat period instead of keeping a dead member's slot in their groups for
 the whole TTL. A live peer named by mistake is back in view with its next heartbeat. Peers
 still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
+
+Only heartbeats signed by their own peer count (`envelope.py`), and with the security defences on
+the view believes them only within bounds relative to its own state (`view_bounds.py`): every
+consumer of `heartbeats()` (groups, alignment, donor choice, rejoin) sees the bounded list.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2p_trainer import __version__
-from p2p_trainer.config import NetworkConfig
+from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records
 from p2p_trainer.net.dht import NetNode
+from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +73,14 @@ class SwarmView:
         run_name: str,
         period_s: float = NetworkConfig.view_period_s,
         ttl_s: float = NetworkConfig.heartbeat_ttl_s,
+        security: SecurityConfig | None = None,
     ) -> None:
         self.node, self.run_name = node, run_name
         self.period_s, self.ttl_s = period_s, ttl_s
+        sec = security or SecurityConfig()
+        self.defences = sec.defences
+        self._bounds = HeartbeatBounds(sec.round_window, sec.clock_skew_s, sec.max_throughput_tokens_per_s)
+        self._replays = ReplayFilter(forget_after_s=ttl_s)
         self.status = PeerStatus()
         self._peers: list[records.Heartbeat] = []
         self._known: set[str] = set()
@@ -101,11 +111,19 @@ class SwarmView:
             suspects=tuple(sorted(self._dead_here(self.heartbeats())))[: records.MAX_SUSPECTS],
         )
 
+    def _read(self) -> tuple[list[records.Heartbeat], set[str]]:
+        """The live peers' heartbeats and the peers that left (tombstones), bounded if defences are on."""
+        now = records.now()
+        read = records.read_heartbeats(self.node, self.run_name, verify=self.defences)
+        beats = [beat for beat, expiration in read if expiration >= now or beat.leaving]
+        if self.defences:
+            beats = bound_heartbeats(beats, self.status.round, now, self._bounds, self._replays)
+        return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
+
     def _refresh(self) -> None:
         try:
-            records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s)
-            left: set[str] = set()
-            peers = records.list_live_peers(self.node, self.run_name, left)
+            records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s, self.node.signer)
+            peers, left = self._read()
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
             logger.warning("heartbeat refresh failed: %s", exc)
             return
@@ -193,6 +211,7 @@ class SwarmView:
         self._stop.set()
         self._thread.join(timeout=self.period_s + 5)
         try:
-            records.publish_heartbeat(self.node, self.run_name, self._beat(leaving=True), self.ttl_s)
+            beat = self._beat(leaving=True)
+            records.publish_heartbeat(self.node, self.run_name, beat, self.ttl_s, self.node.signer)
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
             logger.warning("could not withdraw the heartbeat (it expires in %.0f s): %s", self.ttl_s, exc)

@@ -7,22 +7,27 @@ peer back to the majority's round; the rest are the pure rules they follow.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net import records
+from p2p_trainer.net.donor_check import confirmed_download, round_refusal
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.state_sync import (
+    DonorState,
     catch_up_steps,
     donor_order,
     download_state,
     first_download,
     heartbeat_lag_rounds,
+    state_header,
 )
 from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
+from p2p_trainer.net.view_bounds import median_round
 from p2p_trainer.round_log import RejoinRecord, read_log
 from p2p_trainer.train.trainer import Peer, RoundMetrics, adopt_state
 
@@ -63,17 +68,7 @@ def late_join(
         attempt += 1
         if donors:
             faults.reached("download", attempt)
-        got = first_download(
-            donors,
-            lambda d: download_state(
-                transport,
-                d,
-                run_id,
-                peer.state.anchor,
-                net.state_download_timeout_s,
-                net.state_stall_timeout_s,
-            ),
-        )
+        got = _download_from(peer, transport, run_id, donors, median_round([h.round for h in beats]))
         if not isinstance(got, list):
             state, donor = got
             skip = catch_up_steps(state, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
@@ -83,6 +78,30 @@ def late_join(
         if donors and time.monotonic() > deadline:
             raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
         time.sleep(2.0)
+
+
+def _download_from(
+    peer: Peer, transport: Transport, run_id: str, donors: list[str], median: int | None
+) -> tuple[DonorState, str] | list[str]:
+    """The first donor's state; with the defences on, one whose round is plausible and that a second
+    donor confirms (`donor_check.py`)."""
+    net, sec = peer.cfg.network, peer.cfg.security
+
+    def download(donor: str) -> DonorState | Failed:
+        timeout_s = net.state_download_timeout_s
+        return download_state(
+            transport, donor, run_id, peer.state.anchor, timeout_s, net.state_stall_timeout_s
+        )
+
+    if not sec.defences:
+        return first_download(donors, download)
+    return confirmed_download(
+        donors,
+        download,
+        lambda donor: state_header(transport, donor, run_id, net.state_stall_timeout_s),
+        lambda rnd: round_refusal(rnd, median, peer.cfg.rounds, sec.round_window),
+        sec.donor_tolerance,
+    )
 
 
 def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> int | None:
@@ -125,7 +144,8 @@ def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
     """A peer's round now, from its heartbeat: the round it reported plus the rounds its reported
     throughput allows since then (heartbeats are up to a period old; rounds can be much shorter)."""
     rounds_since = max(0.0, now - beat.timestamp) * beat.throughput_tokens_per_s / max(1, tokens_per_round)
-    return beat.round + int(rounds_since)
+    # the throughput is another peer's claim: an absurd one (or an overflow to inf) adds nothing
+    return beat.round + (int(min(rounds_since, 1e9)) if math.isfinite(rounds_since) else 0)
 
 
 class Rejoin:
@@ -180,6 +200,14 @@ class Rejoin:
             )
             if isinstance(got, Failed):
                 logger.warning("rejoin download: %s", got.reason.splitlines()[0])
+                continue
+            sec = peer.cfg.security
+            median = median_round([peer.state.round, *others.values()])
+            refusal = (
+                round_refusal(got.round, median, peer.cfg.rounds, sec.round_window) if sec.defences else None
+            )
+            if refusal is not None:
+                logger.warning("rejoin: donor %s refused: %s", donor[-8:], refusal)
                 continue
             if (got.round - left) * (target - left) <= 0:
                 # heartbeats over-estimated the donor: its state is not in the direction we meant to go

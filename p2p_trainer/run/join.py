@@ -162,7 +162,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
     transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024)
     leave.callback(transport.close)
     net = opts.run.network
-    view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s)
+    view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security)
     leave.callback(view.close)
     tokens_per_round = max(
         cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len,

@@ -12,20 +12,33 @@ from typing import Any
 import hivemind
 import msgpack
 import pytest
+from nacl.signing import SigningKey
 
-from p2p_trainer.net import records
+from p2p_trainer.net import envelope, records
+from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RunDefinition, RunDefinitionMismatch
 
 pytestmark = pytest.mark.timeout(30)
 
-PEER_A = "12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
-PEER_B = "12D3KooWM3p2C3KCYJ1qLmihN9Samy4PzJ3TgD5eqSQRdxwLndM4"
+SIGNERS = {signer.peer_id: signer for signer in (Signer(SigningKey(bytes([i]) * 32)) for i in range(1, 8))}
+"""Deterministic keys: every peer id in these tests is one whose key the test holds."""
+PEER_A, PEER_B, PEER_C, PEER_D, PEER_E, PEER_F, PEER_G = SIGNERS
 DEFINITION = {"model": {"layers": 4, "d_model": 128}, "method": "factored", "data": "shakespeare", "seed": 0}
 
 
 def heartbeat(peer_id: str = PEER_A, **changes: Any) -> Heartbeat:
     beat = Heartbeat(peer_id, 3, 12_000, 2.31, 850.5, "0.1.0", records.now())
     return replace(beat, **changes)
+
+
+def publish(dht: Any, run: str, beat: Heartbeat, ttl_s: float) -> bool:
+    return records.publish_heartbeat(dht, run, beat, ttl_s, SIGNERS[beat.peer_id])
+
+
+@pytest.fixture(autouse=True)
+def every_drop_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees the log line of its own drop (the counter logs once a minute per reason)."""
+    monkeypatch.setattr(envelope.READ_DROPS, "log_period_s", 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +51,24 @@ def dht() -> Iterator[hivemind.DHT]:
 def test_heartbeat_round_trip_through_a_real_dht(dht: hivemind.DHT) -> None:
     beats = [heartbeat(PEER_A), heartbeat(PEER_B, loss=None, round=0)]
     for beat in beats:
-        assert records.publish_heartbeat(dht, "roundtrip", beat, ttl_s=30)
+        assert publish(dht, "roundtrip", beat, ttl_s=30)
     assert records.list_live_peers(dht, "roundtrip") == sorted(beats, key=lambda b: b.peer_id)
     assert records.list_live_peers(dht, "another-run") == []
 
 
 def test_heartbeats_expire(dht: hivemind.DHT) -> None:
     # a TTL long enough that a loaded machine still lists both before A expires
-    records.publish_heartbeat(dht, "expiry", heartbeat(PEER_A), ttl_s=3.0)
-    records.publish_heartbeat(dht, "expiry", heartbeat(PEER_B), ttl_s=30)
+    publish(dht, "expiry", heartbeat(PEER_A), ttl_s=3.0)
+    publish(dht, "expiry", heartbeat(PEER_B), ttl_s=30)
     assert len(records.list_live_peers(dht, "expiry")) == 2
     time.sleep(3.5)
     assert [b.peer_id for b in records.list_live_peers(dht, "expiry")] == [PEER_B]
 
 
 def test_tombstone_withdraws_a_heartbeat_before_its_ttl(dht: hivemind.DHT) -> None:
-    records.publish_heartbeat(dht, "leaving", heartbeat(PEER_A), ttl_s=30)
-    records.publish_heartbeat(dht, "leaving", heartbeat(PEER_B), ttl_s=30)
-    records.publish_heartbeat(
-        dht, "leaving", heartbeat(PEER_A, leaving=True, timestamp=records.now()), ttl_s=31
-    )
+    publish(dht, "leaving", heartbeat(PEER_A), ttl_s=30)
+    publish(dht, "leaving", heartbeat(PEER_B), ttl_s=30)
+    publish(dht, "leaving", heartbeat(PEER_A, leaving=True, timestamp=records.now()), ttl_s=31)
     assert [b.peer_id for b in records.list_live_peers(dht, "leaving")] == [PEER_B]
 
 
@@ -89,9 +100,14 @@ MALFORMED = {
 def test_malformed_heartbeats_are_dropped_with_a_log_line(
     dht: hivemind.DHT, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    run = f"malformed-{name}"
-    dht.store(records.heartbeat_key(run), MALFORMED[name], records.now() + 30, subkey=PEER_A)
-    records.publish_heartbeat(dht, run, heartbeat(PEER_B), ttl_s=30)
+    run, expiration = f"malformed-{name}", records.now() + 30
+    key, body = records.heartbeat_key(run), MALFORMED[name]
+    # sealed by A, so the body's own checks are what drops it; an unsealed body is dropped as well
+    value = (
+        SIGNERS[PEER_A].seal(key, PEER_A, expiration, body) if len(body) <= envelope.MAX_BODY_BYTES else body
+    )
+    dht.store(key, value, expiration, subkey=PEER_A)
+    publish(dht, run, heartbeat(PEER_B), ttl_s=30)
     with caplog.at_level(logging.WARNING, logger=records.__name__):
         live = records.list_live_peers(dht, run)
     assert [b.peer_id for b in live] == [PEER_B]
@@ -109,11 +125,12 @@ def test_non_bytes_values_are_dropped(dht: hivemind.DHT, caplog: pytest.LogCaptu
 
 def test_same_run_definition_joins_and_a_different_one_is_refused(dht: hivemind.DHT) -> None:
     ours = RunDefinition(DEFINITION)
-    records.check_run_definition(dht, "definition", ours, ttl_s=30)  # first peer publishes it
-    records.check_run_definition(dht, "definition", RunDefinition(dict(DEFINITION)), ttl_s=30)
+    records.check_run_definition(dht, "definition", ours, 30, SIGNERS[PEER_A])  # first peer publishes it
+    publish(dht, "definition", heartbeat(PEER_A), ttl_s=30)  # and is live
+    records.check_run_definition(dht, "definition", RunDefinition(dict(DEFINITION)), 30, SIGNERS[PEER_B])
     different = RunDefinition({**DEFINITION, "seed": 7, "model": {"layers": 6, "d_model": 128}})
     with pytest.raises(RunDefinitionMismatch) as raised:
-        records.check_run_definition(dht, "definition", different, ttl_s=30)
+        records.check_run_definition(dht, "definition", different, 30, SIGNERS[PEER_C])
     message = str(raised.value)
     assert "differs from ours in 2 field(s)" in message
     assert "model.layers: ours=6, swarm's=4" in message
@@ -138,9 +155,9 @@ def test_diff_names_added_and_removed_fields() -> None:
 
 def test_publishing_a_heartbeat_others_would_drop_is_refused(dht: hivemind.DHT) -> None:
     with pytest.raises(records.RecordError, match="loss"):
-        records.publish_heartbeat(dht, "refused", heartbeat(loss=float("nan")), ttl_s=30)
+        publish(dht, "refused", heartbeat(loss=float("nan")), ttl_s=30)
     with pytest.raises(records.RecordError, match="round"):
-        records.publish_heartbeat(dht, "refused", heartbeat(round=-1), ttl_s=30)
+        publish(dht, "refused", heartbeat(round=-1), ttl_s=30)
 
 
 class _Node:
@@ -148,6 +165,7 @@ class _Node:
 
     def __init__(self, dht: hivemind.DHT, peer_id: str) -> None:
         self.dht, self.peer_id = dht, peer_id
+        self.signer = SIGNERS[peer_id]
 
     def store(self, *args: Any, **kwargs: Any) -> Any:
         return self.dht.store(*args, **kwargs)
@@ -163,12 +181,11 @@ class _Node:
 
 
 def test_view_keeps_peers_heard_from_but_not_those_that_left(dht: hivemind.DHT) -> None:
-    from p2p_trainer.net.identity import peer_id_from_public_key
     from p2p_trainer.net.swarm_view import SwarmView
 
-    me, heard_only = (peer_id_from_public_key(bytes([i]) * 32) for i in (1, 2))
-    records.publish_heartbeat(dht, "sticky", heartbeat(PEER_A), ttl_s=30)
-    records.publish_heartbeat(dht, "sticky", heartbeat(PEER_B, leaving=True), ttl_s=30)
+    me, heard_only = PEER_C, PEER_D
+    publish(dht, "sticky", heartbeat(PEER_A), ttl_s=30)
+    publish(dht, "sticky", heartbeat(PEER_B, leaving=True), ttl_s=30)
     view = SwarmView(_Node(dht, me), "sticky", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
     try:
         assert view.live_peers() == sorted([PEER_A, me])
@@ -186,22 +203,19 @@ def test_view_keeps_peers_heard_from_but_not_those_that_left(dht: hivemind.DHT) 
 
 
 def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_again(dht: hivemind.DHT) -> None:
-    from p2p_trainer.net.identity import peer_id_from_public_key
     from p2p_trainer.net.swarm_view import SwarmView
 
-    me, reporter = (peer_id_from_public_key(bytes([i]) * 32) for i in (3, 4))
+    me, reporter = PEER_E, PEER_F
     t0 = records.now()
-    records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 - 2.0), ttl_s=30)
-    records.publish_heartbeat(
-        dht, "death", heartbeat(reporter, timestamp=t0 - 1.0, suspects=(PEER_A, me)), ttl_s=30
-    )
+    publish(dht, "death", heartbeat(PEER_A, timestamp=t0 - 2.0), ttl_s=30)
+    publish(dht, "death", heartbeat(reporter, timestamp=t0 - 1.0, suspects=(PEER_A, me)), ttl_s=30)
     mine: set[str] = set()
     view = SwarmView(_Node(dht, me), "death", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
     try:
         view.share_suspects(lambda: set(mine))
         # A's last heartbeat is older than the report; this peer never drops itself
         assert view.live_peers() == sorted([me, reporter])
-        records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=t0 - 0.5), ttl_s=30)
+        publish(dht, "death", heartbeat(PEER_A, timestamp=t0 - 0.5), ttl_s=30)
         view._refresh()  # the view thread's period is 60 s here: read the DHT now
         assert view.live_peers() == sorted([PEER_A, me, reporter])  # A spoke after the report
         mine.add(PEER_A)  # this peer's own failed send
@@ -210,7 +224,7 @@ def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_aga
         published = {b.peer_id: b for b in records.list_live_peers(dht, "death")}
         assert published[me].suspects == (PEER_A,)  # and the others hear of it
         # A restarted with its identity: its first heartbeat brings it back, still suspect or not
-        records.publish_heartbeat(dht, "death", heartbeat(PEER_A, timestamp=records.now() + 0.5), ttl_s=30)
+        publish(dht, "death", heartbeat(PEER_A, timestamp=records.now() + 0.5), ttl_s=30)
         view._refresh()
         assert view.live_peers() == sorted([PEER_A, me, reporter])
         view._refresh()  # the heartbeat it publishes is built from the previous read

@@ -1,0 +1,141 @@
+"""A joiner's checks on a donor's state before adopting it (with the security defences on).
+
+A donor chosen from heartbeats can lie about its round and serve any state with a matching hash,
+since it supplies the hash itself. So the joiner:
+
+- refuses a state whose round is at or past the run's last round, or far above the median round
+  of the live peers (`round_window`): a forged round would end its training at once;
+- asks a second donor (the next in the download order) for the hash of the state it serves; the
+  same round and hash confirm the first donor's state. Peers of gossip methods hold slightly
+  different states, so a different hash is followed by the second donor's full state, and the two
+  must agree to within `tolerance` (relative L2 distance of φ); a state that disagrees is refused
+  and the next donor is tried in its place;
+- says in the log when only one donor was available, so the state could not be confirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+
+from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.net.state_sync import DonorState
+
+logger = logging.getLogger(__name__)
+
+Download = Callable[[str], DonorState | Failed]
+Header = Callable[[str], tuple[int, str] | Failed]
+
+
+def round_refusal(rnd: int, median: int | None, last_round: int, window: int) -> str | None:
+    """Why a donor's round cannot be right, or None if it may be."""
+    if rnd >= last_round:
+        return f"round {rnd} is at or past the run's last round {last_round}"
+    if median is not None and rnd > median + window:
+        return f"round {rnd} is more than {window} rounds above the live peers' median {median}"
+    return None
+
+
+def distance(a: DonorState, b: DonorState) -> float:
+    """‖φa − φb‖ / ‖φb‖ over all tensors (inf when the shapes differ)."""
+    if [t.shape for t in a.anchor] != [t.shape for t in b.anchor]:
+        return float("inf")
+    diff = sum(float(torch.sum((x - y) ** 2)) for x, y in zip(a.anchor, b.anchor, strict=True))
+    norm = sum(float(torch.sum(y**2)) for y in b.anchor)
+    return (diff / max(norm, 1e-30)) ** 0.5
+
+
+def agrees(
+    state: DonorState, witness: str, header: Header, download: Download, tolerance: float
+) -> bool | None:
+    """Whether `witness` confirms `state`: True, False, or None if the witness could not answer."""
+    said = header(witness)
+    if isinstance(said, Failed):
+        logger.warning("state check: %s", said.reason.splitlines()[0])
+        return None
+    if said == (state.round, state.sha256):
+        return True
+    other = download(witness)
+    if isinstance(other, Failed):
+        logger.warning("state check: %s", other.reason.splitlines()[0])
+        return None
+    gap = distance(state, other)
+    logger.info(
+        "state check: witness %s serves round %d (ours %d), relative distance %.3g (tolerance %.3g)",
+        witness[-8:],
+        other.round,
+        state.round,
+        gap,
+        tolerance,
+    )
+    return gap <= tolerance
+
+
+def confirmed_download(
+    donors: Sequence[str],
+    download: Download,
+    header: Header,
+    check_round: Callable[[int], str | None],
+    tolerance: float,
+) -> tuple[DonorState, str] | list[str]:
+    """Try `donors` in order; the first state with a plausible round that another donor confirms
+    (or that no other donor could check), and its donor; else every donor's failure.
+
+    Two donors that disagree are never asked to judge each other again: a third decides, and
+    without one neither state is adopted.
+    """
+    failures: list[str] = []
+    unreachable: set[str] = set()
+    disputes: set[frozenset[str]] = set()
+    for donor in donors:
+        got = download(donor)
+        refusal = None if isinstance(got, Failed) else check_round(got.round)
+        if isinstance(got, Failed) or refusal is not None:
+            reason = got.reason if isinstance(got, Failed) else f"donor {donor[-8:]}: {refusal}"
+            logger.warning("state download: %s; trying the next donor", reason.splitlines()[0])
+            failures.append(reason)
+            unreachable.add(donor)
+            continue
+        verdict = _judged(got, donor, donors, unreachable, disputes, header, download, tolerance)
+        if verdict is None:
+            return got, donor
+        failures.append(verdict)
+    return failures
+
+
+def _judged(
+    got: DonorState,
+    donor: str,
+    donors: Sequence[str],
+    unreachable: set[str],
+    disputes: set[frozenset[str]],
+    header: Header,
+    download: Download,
+    tolerance: float,
+) -> str | None:
+    """None to adopt `got` (confirmed, or nobody could check it), else why it is refused."""
+    disputed = any(donor in pair for pair in disputes)
+    for witness in donors:
+        if witness == donor or witness in unreachable or frozenset((donor, witness)) in disputes:
+            continue
+        verdict = agrees(got, witness, header, download, tolerance)
+        if verdict is None:
+            unreachable.add(witness)
+            continue
+        if verdict:
+            logger.info("state of %s (round %d) confirmed by %s", donor[-8:], got.round, witness[-8:])
+            return None
+        disputes.add(frozenset((donor, witness)))
+        reason = f"donor {donor[-8:]}: its round-{got.round} state disagrees with {witness[-8:]}'s"
+        logger.warning("state download: %s; trying the next donor", reason)
+        return reason
+    if disputed:
+        reason = f"donor {donor[-8:]}: disputed by another donor, and no third donor could decide"
+        logger.warning("state download: %s", reason)
+        return reason
+    logger.warning(
+        "state of %s (round %d) not confirmed: it was the only donor available", donor[-8:], got.round
+    )
+    return None

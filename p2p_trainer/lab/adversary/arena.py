@@ -1,0 +1,218 @@
+"""One attacked swarm on loopback: honest `join` peers, one hostile node, and what the honest saw.
+
+`run_attack` starts a bootstrap node, the attacker (before the honest peers where it must be
+there first: forged records, a poisoned donor; with them for a hostile training peer; once they
+train for endless streams), waits for the honest peers to finish their rounds, stops and reaps
+everything by PID (`LocalSwarm`), and returns an `Outcome` read from the honest peers' metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from p2p_trainer.config import RunConfig
+from p2p_trainer.lab.adversary.attacks import Attack
+from p2p_trainer.lab.adversary.launch import attacker_argv, hostile_peer_argv
+from p2p_trainer.net.identity import load_or_create_identity
+from p2p_trainer.processes import Child, wait_all
+from p2p_trainer.round_log import RoundRecord, read_log
+from p2p_trainer.run.launcher import LocalSwarm, local_options, peer_args, thread_env
+
+logger = logging.getLogger(__name__)
+
+ATTACKER = -1
+"""The attacker's key among `LocalSwarm.peers` (so that `stop` stops it with the peers)."""
+DONOR_ADVERTISE_S = 15.0
+"""How long the poisoned donor advertises itself: the honest peers' entry, not their training."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the honest peers of one run went through."""
+
+    attack: str
+    codes: list[int | None]
+    """Exit codes (None: still running when the wait ended, i.e. a hang)."""
+    val_losses: list[float | None]
+    """Final validation loss of each (None: no final record)."""
+    rounds: list[int]
+    """Rounds each recorded."""
+    merged_share: list[float]
+    """Share of each one's rounds in which every exchange merged with another peer in full."""
+    skipped_steps: list[int]
+    """Inner steps each left out (alignment, catching up with an adopted state)."""
+    fd_growth: int
+    """Most file descriptors an honest peer held above its count when the attack began."""
+    attacker_log: str
+    wall_s: float
+
+    @property
+    def finished(self) -> bool:
+        return all(code == 0 for code in self.codes)
+
+    @property
+    def mean_loss(self) -> float:
+        """Mean final validation loss; inf if any peer has none or a non-finite one."""
+        losses = [v if v is not None and math.isfinite(v) else math.inf for v in self.val_losses]
+        return statistics.fmean(losses) if losses else math.inf
+
+    def row(self, clean: float) -> str:
+        losses = ", ".join("-" if v is None else f"{v:.4g}" for v in self.val_losses)
+        return (
+            f"{self.attack}: exit {self.codes}, val loss {losses} (clean {clean:.4g}, "
+            f"{self.mean_loss / clean - 1:+.1%}), rounds {self.rounds}, merged "
+            f"{[round(s, 2) for s in self.merged_share]}, skipped {self.skipped_steps}, "
+            f"fd growth {self.fd_growth}, {self.wall_s:.0f} s"
+        )
+
+
+def _merged(rounds: list[RoundRecord]) -> float:
+    merged = [
+        bool(r.exchanges) and all(e.ok and e.group_size >= 2 and e.own_parts == 0 for e in r.exchanges)
+        for r in rounds
+    ]
+    return sum(merged) / max(1, len(merged))
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+class FdWatch:
+    """The largest growth of open file descriptors of `pids` over their counts at `start`."""
+
+    def __init__(self) -> None:
+        self.base: dict[int, int] = {}
+        self.growth = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self, pids: list[int]) -> None:
+        self.base = {pid: _fds(pid) for pid in pids}
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for pid, base in self.base.items():
+                now = _fds(pid)
+                if now:
+                    self.growth = max(self.growth, now - base)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def _wait_log(path: Path, mark: str, timeout_s: float, child: Child) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and child.alive():
+        if path.exists() and mark in path.read_text(errors="replace"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+class Arena(LocalSwarm):
+    """A `LocalSwarm` that also starts hostile nodes."""
+
+    def start_argv(self, key: int, name: str, argv: list[str]) -> Child:
+        log = self.opts.run_dir / name / "log.txt"
+        child = Child(name, argv, log, thread_env(self.opts.torch_threads))
+        self.started.append(child)
+        self.peers[key] = child
+        return child
+
+    def start_first(self, attack: Attack, victims: list[str]) -> Child:
+        """An attacker that must be in the swarm before the honest peers; waits until it acts."""
+        run_dir = self.opts.run_dir
+        donor = attack.kind == "donor"
+        argv = attacker_argv(
+            attack,
+            self.initial_peers,
+            victims,
+            config=self.opts.config_path,
+            advertise_s=DONOR_ADVERTISE_S if donor else None,
+            identity=run_dir / "keys" / "attacker.key" if donor else None,
+        )
+        attacker = self.start_argv(ATTACKER, "attacker", argv)
+        if not _wait_log(run_dir / "attacker" / "log.txt", "ready" if donor else "stored", 90, attacker):
+            raise RuntimeError(f"the attacker did not start: see {run_dir / 'attacker' / 'log.txt'}")
+        return attacker
+
+
+def run_attack(
+    run_dir: Path, cfg: RunConfig, attack: Attack | None, honest: int = 3, timeout_s: float = 180.0
+) -> Outcome:
+    """Run `honest` peers (and `attack`'s node) to the end of `cfg.rounds`; see the module's doc."""
+    kind = None if attack is None else attack.kind
+    opts = local_options(run_dir, cfg, peers=honest + (kind == "peer"))
+    victims = [load_or_create_identity(run_dir / "keys" / f"peer{i}.key").peer_id for i in range(honest)]
+    fds = FdWatch()
+    t0 = time.monotonic()
+    swarm = Arena(opts)
+    with swarm:
+        swarm.start_bootstrap()
+        attacker: Child | None = None
+        if attack is not None and kind in ("records", "donor"):
+            attacker = swarm.start_first(attack, victims)
+        peers = [swarm.start_peer(i) for i in range(honest)]
+        if attack is not None and kind == "peer":
+            argv = hostile_peer_argv(peer_args(opts, honest), swarm.initial_peers, attack)
+            attacker = swarm.start_argv(honest, f"peer{honest}", argv)
+        if attack is not None and kind == "streams":
+            _wait_rounds(run_dir, honest, peers)
+            fds.start([p.pid for p in peers])
+            argv = attacker_argv(attack, swarm.initial_peers, victims)
+            attacker = swarm.start_argv(ATTACKER, "attacker", argv)
+        try:
+            wait_all(peers, timeout_s)
+        finally:
+            fds.close()
+        codes = [p.proc.poll() for p in peers]
+    log = None if attacker is None else run_dir / attacker.name / "log.txt"
+    return _outcome(run_dir, str(attack) if attack else "clean", honest, codes, fds.growth, log, t0)
+
+
+def _wait_rounds(run_dir: Path, honest: int, peers: list[Child], timeout_s: float = 90.0) -> None:
+    """Until every honest peer has recorded a round (their handlers are up) or one has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and all(p.alive() for p in peers):
+        logs = [read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds for i in range(honest)]
+        if all(logs):
+            return
+        time.sleep(0.5)
+
+
+def _outcome(
+    run_dir: Path,
+    name: str,
+    honest: int,
+    codes: list[int | None],
+    fd_growth: int,
+    attacker_log: Path | None,
+    t0: float,
+) -> Outcome:
+    logs = [read_log(run_dir / f"peer{i}" / "metrics.jsonl") for i in range(honest)]
+    text = attacker_log.read_text(errors="replace") if attacker_log and attacker_log.exists() else ""
+    return Outcome(
+        attack=name,
+        codes=codes,
+        val_losses=[log.finals[0].val_loss if log.finals else None for log in logs],
+        rounds=[len(log.rounds) for log in logs],
+        merged_share=[_merged(log.rounds) for log in logs],
+        skipped_steps=[sum(r.skipped_steps for r in log.rounds) for log in logs],
+        fd_growth=fd_growth,
+        attacker_log=text,
+        wall_s=time.monotonic() - t0,
+    )

@@ -1,0 +1,76 @@
+"""The hostile training peer: `p2p-trainer join` whose outgoing exchange messages are tampered with.
+
+Every value a peer sends in an exchange leaves through `Transport.send` (`net/allreduce.py`):
+phase-1 contributions under keys `...|c|<part>`, phase-2 results under `...|r|<part>`, each with
+its weight (`w`) and number format (`dt`) in the header. `HostileTransport` rewrites those on the
+way out, so the rest of the peer (training, groups, heartbeats, state server) is the honest code
+and the attack looks to the others exactly like a peer that lies about its values.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from p2p_trainer.lab.adversary.attacks import Attack
+from p2p_trainer.net.allreduce import WIRE_FORMATS
+from p2p_trainer.net.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+REPORT_EVERY = 20
+"""Log the tampering count after this many tampered messages (the tests look for the line)."""
+
+
+def phase_of(header: dict[str, Any]) -> str:
+    """'c' (contribution), 'r' (part owner's result) or '' for an exchange message's key."""
+    parts = str(header.get("key", "")).rsplit("|", 2)
+    return parts[1] if len(parts) == 3 and parts[1] in ("c", "r") else ""
+
+
+def tamper(attack: Attack, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """The message the hostile peer sends instead, or None to send it unchanged."""
+    phase = phase_of(header)
+    wanted = "r" if attack.name == "owner" else "c"
+    fmt = WIRE_FORMATS.get(str(header.get("dt", "f4")))
+    if phase != wanted or fmt is None:
+        return None
+    values = np.frombuffer(payload, dtype=fmt).astype(np.float64)
+    out = dict(header)
+    if attack.name == "scale":
+        values = values * attack.arg
+    elif attack.name in ("flip", "owner"):
+        values = values * -attack.arg
+    elif attack.name == "nan":
+        values = np.full_like(values, np.nan)
+    elif attack.name == "weight":
+        values = -values
+        weight = header.get("w")
+        if isinstance(weight, int | float):
+            out["w"] = float(weight) * attack.arg
+    else:
+        return None
+    # float32 always: a scaled part would overflow float16 and arrive as inf
+    out["dt"] = "f4"
+    return out, values.astype(np.float32).tobytes()
+
+
+class HostileTransport(Transport):
+    """A `Transport` that applies `attack` to the exchange messages it sends."""
+
+    def __init__(self, *args: Any, attack: Attack, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.attack = attack
+        self.tampered = 0
+        logger.warning("adversary: peer %s attacks with %s", self.peer_id, attack)
+
+    async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        changed = tamper(self.attack, header, payload)
+        if changed is not None:
+            header, payload = changed
+            self.tampered += 1
+            if self.tampered % REPORT_EVERY == 1:
+                logger.warning("adversary: tampered %d messages (%s)", self.tampered, self.attack)
+        await super().send(peer_id, header, payload)

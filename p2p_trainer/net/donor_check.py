@@ -16,6 +16,7 @@ since it supplies the hash itself. So the joiner:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -98,8 +99,11 @@ def confirmed_download(
             failures.append(reason)
             unreachable.add(donor)
             continue
+        arrived = time.monotonic()
         verdict = _judged(got, donor, donors, unreachable, disputes, header, download, tolerance)
         if verdict is None:
+            # the donor's round went on while the witness answered: the catch-up counts that too
+            got.round_elapsed_s += time.monotonic() - arrived
             return got, donor
         failures.append(verdict)
     return failures

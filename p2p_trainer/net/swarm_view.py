@@ -145,7 +145,10 @@ class SwarmView:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
-            self._refresh()
+            try:
+                self._refresh()
+            except Exception:  # a view that stops refreshing would keep stale peers for the whole run
+                logger.exception("heartbeat refresh failed unexpectedly; retrying next period")
 
     def heartbeats(self) -> list[records.Heartbeat]:
         with self._lock:

@@ -121,7 +121,7 @@ def test_peers_joining_two_bootstrap_nodes_see_each_others_heartbeats(launch: La
     try:
         for peer in peers:
             beat = records.Heartbeat(peer.peer_id, 1, 4096, 2.5, 1000.0, "0.1.0", records.now())
-            assert records.publish_heartbeat(peer, "swarm", beat, ttl_s=30)
+            assert records.publish_heartbeat(peer, "swarm", beat, ttl_s=30, signer=peer.signer)
         expected = {peer.peer_id for peer in peers}
         for peer in peers:
             assert _wait_for_peers(peer, "swarm", expected) == expected

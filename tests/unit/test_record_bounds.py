@@ -1,0 +1,197 @@
+"""What a validly signed heartbeat may claim: bounds in the view, donor choice, rejoin and join."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from nacl.signing import SigningKey
+
+from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.net import records
+from p2p_trainer.net.donor_check import confirmed_download, round_refusal
+from p2p_trainer.net.envelope import Signer
+from p2p_trainer.net.records import Heartbeat, RunDefinition, RunDefinitionMismatch
+from p2p_trainer.net.state_sync import DonorState
+from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats, median_round
+from p2p_trainer.run.entry_paths import estimated_round, rejoin_target
+
+pytestmark = pytest.mark.timeout(30)
+
+NOW = 1_000_000.0
+BOUNDS = HeartbeatBounds(round_window=100, clock_skew_s=60.0, max_throughput_tokens_per_s=1e9)
+
+
+def beat(peer: str, rnd: int = 50, **changes: Any) -> Heartbeat:
+    return replace(
+        Heartbeat(peer, rnd, 1000, 2.0, 5000.0, "0.1.0", NOW - 1.0, round_started=NOW - 5.0), **changes
+    )
+
+
+def bounded(
+    beats: list[Heartbeat], own_round: int = 50, replays: ReplayFilter | None = None
+) -> list[Heartbeat]:
+    return bound_heartbeats(beats, own_round, NOW, BOUNDS, replays or ReplayFilter(forget_after_s=8.0))
+
+
+def test_a_forged_huge_round_is_ignored_and_never_becomes_the_rejoin_target() -> None:
+    honest = [beat("a", 50), beat("b", 51)]
+    liar = beat("liar", 10**9)
+    assert [b.peer_id for b in bounded([*honest, liar])] == ["a", "b"]
+    # with two peers, one of them lying, the lower median is the honest one
+    assert median_round([10**9, 50]) == 50 and median_round([0, 0]) is None
+    assert [b.peer_id for b in bounded([beat("a", 50), liar], own_round=0)] == ["a"]
+    # without the bound the liar's round is what a rejoining peer would head for
+    liars = [liar, beat("l2", 10**9), beat("l3", 10**9)]
+    assert rejoin_target(40, [b.round for b in [*honest, *liars]], lag_rounds=3) == 10**9
+    assert rejoin_target(40, [b.round for b in bounded([*honest, *liars], own_round=40)], 3) == 50
+
+
+def test_round_starts_and_timestamps_ahead_of_the_clock_are_not_believed() -> None:
+    kept = {b.peer_id: b for b in bounded([beat("a"), beat("future", round_started=NOW + 3600)])}
+    assert kept["future"].round_started == 0.0 and kept["a"].round_started == NOW - 5.0
+    after_stamp = beat("b", timestamp=NOW - 100.0, round_started=NOW - 10.0)  # started after it said so
+    assert bounded([after_stamp])[0].round_started == 0.0
+    assert bounded([beat("c", timestamp=NOW + 3600)]) == []
+
+
+def test_absurd_throughputs_are_ignored_and_never_overflow_the_rejoin_estimate() -> None:
+    assert bounded([beat("a"), beat("fast", throughput_tokens_per_s=1e300)]) == [beat("a")]
+    # an old heartbeat claiming 1e300 tokens/s: int(inf) used to raise OverflowError here
+    old = beat("fast", throughput_tokens_per_s=1e308, timestamp=1.0)
+    assert estimated_round(old, NOW, tokens_per_round=4096) == old.round
+    assert estimated_round(replace(old, throughput_tokens_per_s=1e300), NOW, 4096) == old.round + 10**9
+    assert estimated_round(beat("a", throughput_tokens_per_s=1e12), NOW, 1) == 50 + 10**9
+
+
+def test_a_replayed_older_heartbeat_or_tombstone_is_ignored() -> None:
+    replays = ReplayFilter(forget_after_s=8.0)
+    newer = beat("a", timestamp=NOW - 1.0)
+    assert bounded([newer], replays=replays) == [newer]
+    old_tombstone = beat("a", timestamp=NOW - 3.0, leaving=True)
+    assert bounded([old_tombstone], replays=replays) == [newer]
+    # a peer that publishes again after its real tombstone is back
+    tombstone = beat("a", timestamp=NOW - 0.5, leaving=True)
+    assert bounded([tombstone], replays=replays) == [tombstone]
+
+
+def state(rnd: int, scale: float = 1.0, digest: str = "h") -> DonorState:
+    return DonorState(anchor=[torch.full((4,), scale)], momentum=[torch.zeros(4)], round=rnd, sha256=digest)
+
+
+def test_a_joiner_refuses_donor_rounds_past_the_end_or_far_above_the_median() -> None:
+    assert round_refusal(10**9, 50, last_round=200, window=100) is not None
+    assert round_refusal(200, 50, last_round=200, window=100) is not None
+    assert round_refusal(151, 50, last_round=1000, window=100) is not None
+    assert round_refusal(60, 50, last_round=200, window=100) is None
+    served = {"liar": state(10**9), "a": state(50)}
+    got = confirmed_download(
+        ["liar", "a"],
+        lambda d: served[d],
+        lambda d: (served[d].round, served[d].sha256),
+        lambda rnd: round_refusal(rnd, 50, 200, 100),
+        tolerance=0.05,
+    )
+    assert not isinstance(got, list) and got[1] == "a"
+
+
+def test_a_second_donor_confirms_the_state_and_a_poisoned_one_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    served = {"a": state(50, digest="x"), "b": state(50, 1.01, "y"), "poison": state(50, 1e3, "z")}
+    headers: list[str] = []
+
+    def header(donor: str) -> tuple[int, str]:
+        headers.append(donor)
+        return served[donor].round, served[donor].sha256
+
+    def run(order: list[str]) -> tuple[DonorState, str] | list[str]:
+        return confirmed_download(order, lambda d: served[d], header, lambda rnd: None, tolerance=0.05)
+
+    got = run(["poison", "a", "b"])
+    assert not isinstance(got, list) and got[1] == "a"  # poison disputed by a; a confirmed by b
+    assert headers[0] == "a"
+    got = run(["a", "poison", "b"])
+    assert (
+        not isinstance(got, list) and got[1] == "b"
+    )  # a disputed by poison; poison refused by b; b confirmed
+    assert isinstance(run(["a", "poison"]), list)  # two that disagree and no third: adopt neither
+    with caplog.at_level("WARNING"):
+        got = run(["a"])
+    assert not isinstance(got, list) and "only donor available" in caplog.text
+    same = {"a": state(50, digest="x"), "b": state(50, digest="x")}
+    downloads: list[str] = []
+
+    def download(d: str) -> DonorState | Failed:
+        downloads.append(d)
+        return same[d]
+
+    got = confirmed_download(["a", "b"], download, lambda d: (50, "x"), lambda rnd: None, 0.05)
+    assert not isinstance(got, list) and downloads == ["a"]  # the hash alone confirmed it
+
+
+class FakeDHT:
+    """A dict DHT with hivemind's shapes (ValueWithExpiration-like entries, subkey maps)."""
+
+    class Entry:
+        def __init__(self, value: object, expiration_time: float) -> None:
+            self.value, self.expiration_time = value, expiration_time
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> bool:
+        if subkey is None:
+            self.data[key] = self.Entry(value, expiration_time)
+        else:
+            entry = self.data.setdefault(key, self.Entry({}, expiration_time))
+            entry.value[subkey] = self.Entry(value, expiration_time)
+        return True
+
+    def get(self, key: Any, latest: bool = False) -> Any:
+        return self.data.get(key)
+
+
+SIGNERS = [Signer(SigningKey(bytes([40 + i]) * 32)) for i in range(4)]
+OURS = RunDefinition({"method": "factored", "seed": 0})
+OTHER = RunDefinition({"method": "diloco", "seed": 0})
+
+
+def live(dht: FakeDHT, signer: Signer) -> None:
+    hb = Heartbeat(signer.peer_id, 1, 0, None, 0.0, "0.1.0", records.now())
+    records.publish_heartbeat(dht, "run", hb, 30, signer)
+
+
+def publish_definition(dht: FakeDHT, signer: Signer, definition: RunDefinition) -> None:
+    """Store a definition without the publisher's own check (a forger skips it)."""
+    key, expiration = records.run_definition_key("run"), records.now() + 30
+    dht.store(
+        key, signer.seal(key, signer.peer_id, expiration, definition.encode()), expiration, signer.peer_id
+    )
+
+
+def test_a_forged_run_definition_does_not_lock_out_joiners(caplog: pytest.LogCaptureFixture) -> None:
+    honest, forger, joiner, late = SIGNERS
+    dht = FakeDHT()
+    records.check_run_definition(dht, "run", OURS, 30, honest)
+    publish_definition(dht, forger, OTHER)
+    for signer in (honest, forger):
+        live(dht, signer)
+    with caplog.at_level("INFO", logger=records.__name__):
+        records.check_run_definition(dht, "run", OURS, 30, joiner)
+    assert "1 peer(s) of run 'run' publish another run definition; joining" in caplog.text
+    assert set(records.read_definitions(dht, "run")) == {honest.peer_id, forger.peer_id, joiner.peer_id}
+    # a swarm whose live peers all publish another definition refuses, listing the fields
+    theirs = FakeDHT()
+    publish_definition(theirs, forger, OTHER)
+    records.check_run_definition(theirs, "run", OURS, 30, late)  # not live: its definition does not count
+    live(theirs, forger)
+    with pytest.raises(RunDefinitionMismatch, match=r"method: ours='factored', swarm's='diloco'"):
+        records.check_run_definition(theirs, "run", OURS, 30, joiner)
+    # with the defences off, any well-formed definition counts, live or not
+    stale = FakeDHT()
+    publish_definition(stale, forger, OTHER)
+    with pytest.raises(RunDefinitionMismatch):
+        records.check_run_definition(stale, "run", OURS, 30, joiner, verify=False)

@@ -10,6 +10,10 @@ heartbeats' (round, round_started), and if the earliest of them started before i
 inner step, it leaves out that many inner steps (at most H − 1) so its next round
 starts with theirs. Nobody waits, so compute stays busy; the late peer's contribution is worth
 fewer tokens and token weighting (§5) counts it so.
+
+A round start is a claim in another peer's heartbeat. With the security defences on (`robust`),
+a start counts only if a second peer's start backs it: with two or more others, the peer aligns
+on the second-earliest start, so one peer claiming an early start cannot make everyone skip steps.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ def steps_late(
     round_s: float,
     step_s: float,
     num_inner_steps: int,
+    robust: bool = False,
 ) -> int:
-    """Inner steps this peer is late by, against the earliest start of `my_round` among the others.
+    """Inner steps this peer is late by, against the earliest start of `my_round` among the others
+    (with `robust`, the second-earliest when there are two or more).
 
     Peers in the same round say exactly when they started it. A peer already a round ahead started
     this one about `round_s` (this peer's round time) before its current one. A peer that shows the
@@ -50,7 +56,8 @@ def steps_late(
     ]
     if not starts:
         return 0
-    late_s = my_start - min(starts)
+    earliest = sorted(starts)[1] if robust and len(starts) >= 2 else min(starts)
+    late_s = my_start - earliest
     if not math.isfinite(late_s) or late_s < step_s:
         return 0
     return min(num_inner_steps - 1, int(late_s / step_s))
@@ -59,8 +66,8 @@ def steps_late(
 class RoundAligner:
     """Keeps this peer's round-time estimate and applies `steps_late` before each round."""
 
-    def __init__(self, self_id: str, num_inner_steps: int, decay: float = 0.8) -> None:
-        self.self_id, self.h, self.decay = self_id, num_inner_steps, decay
+    def __init__(self, self_id: str, num_inner_steps: int, decay: float = 0.8, robust: bool = False) -> None:
+        self.self_id, self.h, self.decay, self.robust = self_id, num_inner_steps, decay, robust
         self.round_s: float | None = None
 
     def observe(self, wall_s: float) -> None:
@@ -74,4 +81,4 @@ class RoundAligner:
     ) -> int:
         if self.round_s is None or not step_s:
             return 0
-        return steps_late(my_round, my_start, beats, self.self_id, self.round_s, step_s, self.h)
+        return steps_late(my_round, my_start, beats, self.self_id, self.round_s, step_s, self.h, self.robust)

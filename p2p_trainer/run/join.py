@@ -243,7 +243,8 @@ def train_rounds(j: Joined, should_stop: Callable[[], bool]) -> None:
     rejoin = Rejoin(peer, j.view, j.transport, cfg.run_id(), j.opts.rejoin_lag_rounds, j.tokens_per_round)
     regain = RegainSight(j.view)
     aligned = cfg.outer.align_rounds and not cfg.outer.target_tokens_per_round  # §6 fixes round tokens
-    aligner = RoundAligner(j.node.peer_id, cfg.outer.num_inner_steps) if aligned else None
+    robust = cfg.security.defences  # one peer's claimed round start is not enough (align.py)
+    aligner = RoundAligner(j.node.peer_id, cfg.outer.num_inner_steps, robust=robust) if aligned else None
     while peer.state.round < cfg.rounds and not should_stop():
         regain.before_round()
         _begin_round(j, aligner)

@@ -66,3 +66,16 @@ def test_alignment_is_on_for_factored_only_by_default() -> None:
     assert OuterConfig.for_method("factored").align_rounds
     assert not OuterConfig.for_method("noloco").align_rounds
     assert not OuterConfig.for_method("factored", align_rounds=False).align_rounds
+
+
+def test_with_defences_one_peer_claiming_an_early_start_is_not_followed() -> None:
+    honest = [beat("a", 7, 99.9), beat("b", 7, 99.8)]
+    liar = beat("liar", 7, 1.0)  # claims it started long ago: everyone would skip H - 1 steps
+    assert late([*honest, liar]) == 9
+    robust = steps_late(
+        7, 100.0, [*honest, liar], ME, round_s=5.0, step_s=0.5, num_inner_steps=10, robust=True
+    )
+    assert robust == 0
+    # two peers that did start earlier are followed as before
+    both = [beat("a", 7, 98.9), beat("b", 7, 98.9), beat("c", 7, 99.9)]
+    assert steps_late(7, 100.0, both, ME, round_s=5.0, step_s=0.5, num_inner_steps=10, robust=True) == 2

@@ -195,3 +195,13 @@ def test_a_forged_run_definition_does_not_lock_out_joiners(caplog: pytest.LogCap
     publish_definition(stale, forger, OTHER)
     with pytest.raises(RunDefinitionMismatch):
         records.check_run_definition(stale, "run", OURS, 30, joiner, verify=False)
+
+
+def test_with_defences_off_forged_records_are_read_as_today() -> None:
+    victim, forger = SIGNERS[0], SIGNERS[1]
+    dht, key = FakeDHT(), records.heartbeat_key("run")
+    forged = Heartbeat(victim.peer_id, 10**9, 0, None, 1e300, "0.1.0", records.now(), leaving=True)
+    expiration = records.now() + 30
+    dht.store(key, forger.seal(key, victim.peer_id, expiration, forged.encode()), expiration, victim.peer_id)
+    assert records.read_heartbeats(dht, "run") == []  # checked: the forger does not own that subkey
+    assert [b for b, _ in records.read_heartbeats(dht, "run", verify=False)] == [forged]

@@ -4,6 +4,11 @@ A strategy owns the method's exchanges and calls the pure math in `outer.py`. Th
 `begin_round` before the inner steps, `sync_gradients` after each backward pass, and `end_round`
 after the inner steps; no method flags are tested inside the loop. A failed exchange is recorded
 and the peer continues with its own tensors (the "group of one").
+
+Each exchange names its reference (§10), what a partner's values are measured against: zero for
+updates (DiLoCo's and Mix2's Δ, gradients), and for models the tensors this peer held before the
+round's training: φ for NoLoCo's θ, the previous round's anchor for Mix1's and re-agreement's
+anchors (at round 0 the anchors themselves, which every peer starts from).
 """
 
 from __future__ import annotations
@@ -19,7 +24,15 @@ import torch
 from p2p_trainer.algo import outer
 from p2p_trainer.algo.grace import GraceTracker
 from p2p_trainer.config import ExchangeConfig, OuterConfig
-from p2p_trainer.exchange.interface import ALL, Exchange, ExchangeRequest, ExchangeResult, Ok, PendingExchange
+from p2p_trainer.exchange.interface import (
+    ALL,
+    ZERO,
+    Exchange,
+    ExchangeRequest,
+    ExchangeResult,
+    Ok,
+    PendingExchange,
+)
 from p2p_trainer.round_log import ExchangeRecord
 
 logger = logging.getLogger(__name__)
@@ -115,17 +128,36 @@ class _BlockingExchanges:
         exchange: Exchange,
         timing: GraceTracker | None = None,
         xcfg: ExchangeConfig = ExchangeConfig(),
+        round_tokens: float = 1.0,
     ) -> None:
         self.cfg, self.exchange, self.xcfg = cfg, exchange, xcfg
         self.timing = timing if timing is not None else grace_tracker(xcfg)
+        self.round_tokens = round_tokens
+        self._previous: tuple[int, list[torch.Tensor]] | None = None
+        """(round, tensors) exchanged at the start of that round: the next round's model reference."""
 
-    def _request(self, tag: str, rnd: int, group: int, weight: float, step: int = 0) -> ExchangeRequest:
-        xcfg = self.xcfg
+    def _model_reference(self, rnd: int, now: list[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """§10: what this round's model exchange is measured against; remembers `now` for the next."""
+        previous, self._previous = self._previous, (rnd, now)
+        if previous is not None and previous[0] == rnd - 1:
+            return tuple(previous[1])
+        return tuple(now) if rnd == 0 else None  # round 0: the seed's model, the same everywhere
+
+    def _request(
+        self,
+        tag: str,
+        rnd: int,
+        group: int,
+        weight: float,
+        step: int = 0,
+        reference: tuple[torch.Tensor, ...] | None = ZERO,
+    ) -> ExchangeRequest:
+        xcfg, weighted = self.xcfg, self.cfg.token_weighted
         return ExchangeRequest(
             tag,
             rnd,
             group,
-            weight if self.cfg.token_weighted else 1.0,
+            weight if weighted else 1.0,
             xcfg.timeout_s,
             step,
             quorum_fraction=xcfg.quorum_fraction,
@@ -133,6 +165,8 @@ class _BlockingExchanges:
             grace_s=self.timing.window_s(),
             result_wait_s=self.timing.result_wait_s(),
             wire_dtype=xcfg.wire_dtype,
+            reference=reference,
+            weight_floor=self.round_tokens if weighted else 1.0,
         )
 
     def _start_behind(
@@ -142,6 +176,7 @@ class _BlockingExchanges:
         group: int,
         weight: float,
         tensors: list[torch.Tensor] | None = None,
+        reference: tuple[torch.Tensor, ...] | None = None,
     ) -> PendingExchange:
         """Start averaging the anchor in the background, for the length of the round's inner steps.
 
@@ -150,11 +185,13 @@ class _BlockingExchanges:
         that window can be shorter than a transfer at WAN rates (bench/RESULTS.md, "round
         alignment and Mix1's wait").
         """
-        req = self._request(tag, state.round, group, weight)
+        if tensors is None:
+            tensors, reference = state.anchor, self._model_reference(state.round, state.anchor)
+        req = self._request(tag, state.round, group, weight, 0, reference)
         behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
         wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
-        return self.exchange.start(state.anchor if tensors is None else tensors, req)
+        return self.exchange.start(tensors, req)
 
     def _take(self, tag: str, pending: PendingExchange, wait_s: float, report: RoundReport) -> ExchangeResult:
         """A background exchange's result, waited for at most `wait_s` and recorded as blocking time."""
@@ -170,9 +207,10 @@ class _BlockingExchanges:
         weight: float,
         report: RoundReport,
         step: int = 0,
+        reference: tuple[torch.Tensor, ...] | None = ZERO,
     ) -> ExchangeResult:
         t0 = time.monotonic()
-        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step))
+        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step, reference))
         if isinstance(res, Ok):
             self.timing.observe_exchange(res.quorum_s, res.sync_s)
         else:
@@ -203,18 +241,20 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         exchange: Exchange,
         timing: GraceTracker | None = None,
         xcfg: ExchangeConfig = ExchangeConfig(),
+        round_tokens: float = 1.0,
     ) -> None:
-        super().__init__(cfg, exchange, timing, xcfg)
+        super().__init__(cfg, exchange, timing, xcfg, round_tokens)
         self._reagree: PendingExchange | None = None
         self._diverged = False
 
     def begin_round(self, state: OuterState, weight: float) -> None:
         every = self.cfg.reagree_every
+        both = [*state.anchor, *state.momentum]
+        reference = self._model_reference(state.round, both)  # every round, for the next one
         if self._diverged or (every and state.round % every == every - 1):
             # the momenta too: after a partial round they differ, and would pull the anchors
             # apart again by α·β·(m_i − m_j) every round
-            both = [*state.anchor, *state.momentum]
-            self._reagree = self._start_behind("reagree", state, ALL, weight, both)
+            self._reagree = self._start_behind("reagree", state, ALL, weight, both, reference)
 
     def _mixed_state(
         self, state: OuterState, report: RoundReport
@@ -257,7 +297,8 @@ class NoLoCo(_NoGradientSync, _BlockingExchanges):
     ) -> None:
         cfg, fast = self.cfg, [p.detach().float() for p in params]
         if cfg.effective_gamma == cfg.outer_lr:
-            res = self._average(fast, "noloco", state.round, cfg.group_size, weight, report)
+            ref = tuple(state.anchor)  # θ after the round's steps, against φ before them
+            res = self._average(fast, "noloco", state.round, cfg.group_size, weight, report, 0, ref)
             mean_fast = res.tensors if isinstance(res, Ok) else fast
             new = outer.noloco_shortcut_step(
                 state.anchor, state.momentum, mean_fast, cfg.outer_lr, cfg.outer_momentum
@@ -265,7 +306,11 @@ class NoLoCo(_NoGradientSync, _BlockingExchanges):
         else:
             n = len(fast)
             descent = [t - a for t, a in zip(fast, state.anchor, strict=True)]
-            res = self._average(descent + state.anchor, "noloco", state.round, cfg.group_size, weight, report)
+            anchors = self._model_reference(state.round, state.anchor)
+            both = None if anchors is None else (*(torch.zeros_like(d) for d in descent), *anchors)
+            res = self._average(
+                descent + state.anchor, "noloco", state.round, cfg.group_size, weight, report, 0, both
+            )
             mean = res.tensors if isinstance(res, Ok) else descent + state.anchor
             new = outer.noloco_outer_step(
                 state.anchor,
@@ -288,8 +333,9 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         exchange: Exchange,
         timing: GraceTracker | None = None,
         xcfg: ExchangeConfig = ExchangeConfig(),
+        round_tokens: float = 1.0,
     ) -> None:
-        super().__init__(cfg, exchange, timing, xcfg)
+        super().__init__(cfg, exchange, timing, xcfg, round_tokens)
         self._mix1: PendingExchange | None = None
 
     def begin_round(self, state: OuterState, weight: float) -> None:
@@ -346,6 +392,7 @@ class Independent(_NoGradientSync):
         exchange: Exchange,
         timing: GraceTracker | None = None,
         xcfg: ExchangeConfig = ExchangeConfig(),
+        round_tokens: float = 1.0,
     ) -> None:
         self.cfg = cfg
 
@@ -373,8 +420,10 @@ def build_method(
     exchange: Exchange,
     timing: GraceTracker | None = None,
     xcfg: ExchangeConfig = ExchangeConfig(),
+    round_tokens: float = 1.0,
 ) -> OuterMethod:
     """The strategy for `cfg.method`; `timing` is the peer's grace tracker (fed with step times),
-    `xcfg` how its exchanges run (quorum, grace, time limits, wire format)."""
-    method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing, xcfg)
+    `xcfg` how its exchanges run (quorum, grace, time limits, wire format), `round_tokens` the
+    tokens of one peer's full round (the floor of the weight bound, §10)."""
+    method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing, xcfg, round_tokens)
     return method

@@ -8,8 +8,11 @@ that an attack is real).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from p2p_trainer.config.checks import check_fields, require
+
+RobustMean = Literal["mean", "trimmed", "centred-clip"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,37 @@ class SecurityConfig:
     donor_tolerance: float = 0.05
     """A joiner adopts a donor's state only if a second donor serves the same one, or one within
     this relative L2 distance of φ (peers of gossip methods hold slightly different states)."""
+    update_ratio_max: float = 4.0
+    """R (docs/algorithms.md §10): a contribution's update (vector − reference) may be at most R
+    times the part owner's own update on that part; honest pairs stay within about 1.6 on the
+    default run, so 4 rejects only contributions that are clearly not one round's training."""
+    cosine_min: float = -0.5
+    """Lowest cosine between a contribution's update and the owner's own on a part (§10). Honest
+    updates of one round point roughly the same way (cosines above 0 on the default run); a
+    sign-flipped copy of an honest update sits near −1."""
+    result_ratio_max: float = 5.0
+    """R' (§10): a part owner's result may be at most R' times this member's own update away from
+    this member's own values; R + 1 is what a mean of contributions within R allows."""
+    weight_ratio_max: float = 1.5
+    """§10: a claimed weight may be at most this many times the larger of this peer's own weight
+    and one full round's tokens: survivors topping up a dead peer's share (§6) stay below it."""
+    robust_mean: RobustMean = "mean"
+    """§10: how a part owner merges a group of three or more: the weighted `mean`, a coordinate-wise
+    `trimmed` mean (the largest and smallest value dropped, unweighted), or `centred-clip` (each
+    contribution's distance from the owner's own values clipped to the owner's own update norm).
+    Pairs always use the mean: with two there is nobody to outvote."""
+    penalty_half_life_s: float = 120.0
+    """§10: a peer that sent a contribution or result outside the bounds is left out of this peer's
+    groups; its penalty halves every this many seconds and it is back once below one half."""
+    sender_mailbox_payloads: float = 4.0
+    """Most payload bytes one sender may have waiting in the mailbox, in largest messages (the
+    transport's payload limit); past it that sender's oldest messages are dropped first."""
+    sender_mailbox_messages: int = 64
+    """Most messages one sender may have waiting in the mailbox (oldest dropped first)."""
+    sender_open_streams: int = 8
+    """Most incoming streams one sender may have open at once; further ones are closed unread."""
+    stream_read_timeout_s: float = 60.0
+    """Longest an incoming message may take to arrive whole; a stream that stalls is closed."""
 
     def __post_init__(self) -> None:
         check_fields(self, "security")
@@ -38,3 +72,27 @@ class SecurityConfig:
             f"security.max_throughput_tokens_per_s={self.max_throughput_tokens_per_s}: use a positive value",
         )
         require(self.donor_tolerance >= 0, f"security.donor_tolerance={self.donor_tolerance}: use >= 0")
+        require(self.update_ratio_max >= 1, f"security.update_ratio_max={self.update_ratio_max}: use >= 1")
+        require(-1 <= self.cosine_min < 1, f"security.cosine_min={self.cosine_min}: use a value in [-1, 1)")
+        require(self.result_ratio_max >= 1, f"security.result_ratio_max={self.result_ratio_max}: use >= 1")
+        require(self.weight_ratio_max >= 1, f"security.weight_ratio_max={self.weight_ratio_max}: use >= 1")
+        require(
+            self.penalty_half_life_s > 0,
+            f"security.penalty_half_life_s={self.penalty_half_life_s}: use a positive value",
+        )
+        require(
+            self.sender_mailbox_payloads >= 1,
+            f"security.sender_mailbox_payloads={self.sender_mailbox_payloads}: use >= 1",
+        )
+        require(
+            self.sender_mailbox_messages >= 4,
+            f"security.sender_mailbox_messages={self.sender_mailbox_messages}: use >= 4",
+        )
+        require(
+            self.sender_open_streams >= 1,
+            f"security.sender_open_streams={self.sender_open_streams}: use >= 1",
+        )
+        require(
+            self.stream_read_timeout_s > 0,
+            f"security.stream_read_timeout_s={self.stream_read_timeout_s}: use a positive value",
+        )

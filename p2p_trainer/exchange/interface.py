@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -54,6 +54,9 @@ class Ok:
     """Wall-clock start (time.time()): a bench whose peers share one clock lines members up with it."""
     group_key: str = ""
     """The group's exchange key, the same for every member ("" where there is no group)."""
+    rejected: tuple[str, ...] = ()
+    """Members (short ids, also in `left_out`) whose contribution or result failed this peer's
+    bounds (§10): left out of the merge and penalised."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,19 @@ class ExchangeRequest:
     """After the own part is averaged, wait at most `grace_s` plus this for the others' parts."""
     wire_dtype: str = "float32"
     """float32 or float16: the number format of the values sent (see OuterConfig.wire_dtype)."""
+    reference: tuple[torch.Tensor, ...] | None = field(default=None, compare=False, repr=False)
+    """What the tensors are compared with (§10): their update is tensors − reference. `ZERO` for
+    tensors that are themselves updates (Δ, gradients); the tensors this peer held before the
+    round's training for models; None where nothing is known (only size, finiteness and weight are
+    checked). Backends without untrusted members (in-process) ignore it."""
+    weight_floor: float = math.inf
+    """A weight any honest peer may claim whatever this peer's own (one full round's tokens where
+    weights are tokens, 1 where they are all equal): the floor of the weight bound (§10); inf
+    leaves only the backend's absolute bound."""
+
+
+ZERO: tuple[torch.Tensor, ...] = ()
+"""`ExchangeRequest.reference` of updates: compared with zero."""
 
 
 class PendingExchange(Protocol):

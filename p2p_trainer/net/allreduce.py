@@ -1,8 +1,8 @@
 """Butterfly all-reduce of one flat float vector within a group, with a quorum and a grace window.
 
 Member i owns part i of the vector. Phase 1: every member sends part j of its contribution (with
-its weight) to member j. Each owner checks every contribution (size, finiteness, weight bounds)
-before it merges anything. Phase 2: owners send the averaged part, with the list of members it
+its weight) to member j. Each owner checks every contribution (size, finiteness, weight bounds,
+and with defences on the update bounds of §10, `robust.py`) before it merges anything. Phase 2: owners send the averaged part, with the list of members it
 includes, to every member. Per member and exchange, 2·(n−1)/n of the vector goes each way.
 
 Bounded waiting (docs/algorithms.md §4). An owner averages its part once a quorum K of the group
@@ -25,6 +25,10 @@ vector for one round, and the dead peer leaves the groups within the heartbeat T
 failed send marks it suspect). If no other member's values reached any part, the result is
 `Failed` and the caller's tensors are kept. The caller's tensors are never modified.
 
+Robust merging (§10): a contribution outside the owner's bounds is treated like a late one, and a
+result outside a member's bounds like one that did not come (own values); both name the member in
+`left_out` and `rejected`. Members this peer has penalised are neither sent to nor waited for.
+
 Sends run in the background and never hold the caller: a member that does not take its messages
 (dead, stalled, cut off) costs at most the waits above. A send that fails marks the peer in the
 `PeerHealth`.
@@ -33,6 +37,7 @@ Sends run in the background and never hold the caller: a member that does not ta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -43,9 +48,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2p_trainer.exchange.interface import ExchangeResult, Failed, Ok, valid_weight
+from p2p_trainer.exchange.interface import ExchangeResult, Failed, Ok
 from p2p_trainer.net.health import PeerHealth
+from p2p_trainer.net.robust import Defence, PartChecks, merge
 from p2p_trainer.net.transport import Message, Transport
+from p2p_trainer.net.wire import WIRE_FORMATS as WIRE_FORMATS
+from p2p_trainer.net.wire import check_message, encode_values, send_with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -81,75 +89,10 @@ class GroupSpec:
     members with another view of this exchange's group."""
     wire_dtype: str = "float32"
     """float16 sends half the bytes; each message says its format ("dt"), so a receiver checks it."""
-
-
-WIRE_FORMATS: dict[str, np.dtype[Any]] = {"f4": np.dtype(np.float32), "f2": np.dtype(np.float16)}
-FLOAT16_MAX = float(np.finfo(np.float16).max)
-
-
-def encode_values(values: np.ndarray, wire_dtype: str) -> tuple[bytes, str, np.ndarray]:
-    """The bytes to send, their format tag, and the values as the receiver will decode them.
-
-    float16 is used only where every value fits its range: a part that overflowed would arrive as
-    inf and be rejected, so it goes as float32 instead (rare: parameters and their deltas are small).
-    """
-    if wire_dtype == "float16" and (values.size == 0 or float(np.abs(values).max()) <= FLOAT16_MAX):
-        half = values.astype(np.float16)
-        return half.tobytes(), "f2", half.astype(np.float32)
-    return values.astype(np.float32).tobytes(), "f4", values
-
-
-def _check(msg: Message | None, expected_floats: int, max_weight: float) -> tuple[np.ndarray, float] | str:
-    if msg is None:
-        return "did not arrive before the deadline"
-    weight = msg.header.get("w")
-    if not isinstance(weight, int | float) or not valid_weight(float(weight), max_weight):
-        return f"weight {weight!r} is not finite, positive and <= {max_weight}"
-    fmt = WIRE_FORMATS.get(str(msg.header.get("dt", "f4")))
-    if fmt is None:
-        return f"unknown number format {msg.header.get('dt')!r} (expected one of {', '.join(WIRE_FORMATS)})"
-    if len(msg.payload) != fmt.itemsize * expected_floats:
-        return f"{len(msg.payload)} bytes, expected {fmt.itemsize * expected_floats} ({fmt.name})"
-    values = np.frombuffer(msg.payload, dtype=fmt).astype(np.float32, copy=False)
-    if not np.isfinite(values).all():
-        return "non-finite values"
-    return values, float(weight)
-
-
-async def send_with_retries(
-    transport: Transport,
-    peer: str,
-    header: dict[str, object],
-    payload: bytes,
-    deadline: float,
-    health: PeerHealth | None = None,
-) -> bool:
-    """Deliver one message before `deadline`, retrying with backoff.
-
-    A peer that just joined may not be routable for a few seconds (libp2p routing warms up); a
-    member that stays unreachable is a missing contribution, not a crash.
-    """
-    delay_s = 0.25
-    while True:
-        try:
-            await asyncio.wait_for(
-                transport.send(peer, header, payload), max(0.01, deadline - time.monotonic())
-            )
-            if health is not None:
-                health.delivered(peer)
-            return True
-        except Exception as exc:  # p2pd reports unreachable peers with several error types
-            if health is not None:
-                health.send_failed(peer)
-            if time.monotonic() + delay_s >= deadline:
-                logger.info(
-                    "send to %s failed for good: %s", peer[-8:], (str(exc) or repr(exc)).splitlines()[0]
-                )
-                if health is not None:
-                    health.gave_up(peer)
-                return False
-            await asyncio.sleep(delay_s)
-            delay_s = min(2.0, 2 * delay_s)
+    defence: Defence | None = None
+    """The §10 bounds and penalties; None applies only the size, finiteness and weight checks."""
+    excluded: frozenset[str] = frozenset()
+    """Members this peer has penalised (§10): not sent to, not waited for, not merged."""
 
 
 @dataclass
@@ -164,6 +107,14 @@ class _Arrivals:
     """Their pending reads, kept open to time their arrival."""
     received: int = 0
     """Payload bytes of the contributions that arrived (dropped ones included)."""
+    rejected: set[int] = field(default_factory=set)
+    """Members whose contribution arrived but failed the §10 bounds."""
+
+
+Verdict = Callable[[int, np.ndarray | str, float, int], str | None]
+"""Why member j's values (a contribution or a result, with its weight and how many members that
+weight covers) fail the §10 bounds, or None; given why its message was invalid instead, it
+penalises j for that."""
 
 
 async def _collect(
@@ -175,6 +126,7 @@ async def _collect(
     deadline: float,
     gone: Callable[[str], bool],
     on_late: Callable[[float], None] | None = None,
+    verdict: Verdict | None = None,
 ) -> _Arrivals:
     """Phase 1 at the owner: contributions to part `me` until quorum + grace (or the quorum wait)."""
     n = len(group.members)
@@ -184,9 +136,10 @@ async def _collect(
             transport.mailbox.get(f"{group.key}|c|{me}|{group.members[j]}", deadline - time.monotonic())
         ): j
         for j in range(n)
-        if j != me
+        if j != me and group.members[j] not in group.excluded
     }
     got: dict[int, tuple[np.ndarray, float]] = {}
+    rejected: set[int] = set()
     quorum_s: float | None = None
     last_s, received = 0.0, 0
     end = min(deadline, started + group.quorum_wait_s)
@@ -210,11 +163,17 @@ async def _collect(
             j = tasks[task]
             msg = task.result()
             received += len(msg.payload) if msg is not None else 0
-            checked = _check(msg, expected, group.max_weight)
+            checked = check_message(msg, expected, group.max_weight)
             if isinstance(checked, str):
                 logger.warning(
                     "contribution of %s to %s dropped: %s", group.members[j][-8:], group.key, checked
                 )
+                if verdict is not None and msg is not None:
+                    rejected.add(j)
+                    verdict(j, checked, 0.0, 1)
+            elif verdict is not None and (why := verdict(j, *checked, 1)) is not None:
+                logger.warning("contribution of %s to %s rejected: %s", group.members[j][-8:], group.key, why)
+                rejected.add(j)
             else:
                 got[j] = checked
                 last_s = time.monotonic() - started
@@ -226,7 +185,7 @@ async def _collect(
     for task in pending - watched:
         task.cancel()
     quorum_s = time.monotonic() - started if quorum_s is None else quorum_s
-    return _Arrivals(got, quorum_s, last_s, len(late), watched, received)
+    return _Arrivals(got, quorum_s, last_s, len(late), watched, received, rejected)
 
 
 async def _watch_late(
@@ -250,18 +209,19 @@ def _included(msg: Message, n: int) -> list[int] | None:
 
 async def _result_part(
     transport: Transport, group: GroupSpec, j: int, size: int, until: float
-) -> tuple[tuple[np.ndarray, list[int]] | str, int]:
-    """Owner j's averaged part (or why it is unusable), and the payload bytes that came."""
+) -> tuple[tuple[np.ndarray, list[int], float] | str, int]:
+    """Owner j's averaged part, the members it includes and their total weight (or why it is
+    unusable), and the payload bytes that came."""
     msg = await transport.mailbox.get(f"{group.key}|r|{j}|{group.members[j]}", until - time.monotonic())
     received = len(msg.payload) if msg is not None else 0
     n = len(group.members)
-    checked = _check(msg, size, n * group.max_weight)
+    checked = check_message(msg, size, n * group.max_weight)
     if isinstance(checked, str):
         return checked, received
     included = _included(msg, n) if msg is not None else None
     if included is None:
         return "has no valid list of included members", received
-    return (checked[0], included), received
+    return (checked[0], included, checked[1]), received
 
 
 async def _gather_results(
@@ -272,13 +232,15 @@ async def _gather_results(
     contributed: set[int],
     own_done: float,
     deadline: float,
-) -> tuple[list[int], set[str], int, int]:
+    verdict: Verdict | None = None,
+) -> tuple[list[int], set[str], int, int, set[str]]:
     """Phase 2: write the other owners' averaged parts into `out` where they come back in time.
 
     Waits `grace_s + result_wait_s` for owners that contributed to this member's part, not at all
     for the others. Returns the contributor count of each part received (1 for a part kept as own
     values), the short ids of members left out of some part, how many parts came back without
-    this member's values (it was late for them), and the payload bytes received.
+    this member's values (it was late for them), the payload bytes received, and the owners
+    whose result failed this member's bounds (§10; their parts are kept as own values).
     """
     n, me = len(group.members), group.members.index(group.me)
     short = [m[-8:] for m in group.members]
@@ -292,14 +254,25 @@ async def _gather_results(
         )
         for j in others
     }
-    sizes, left_out, late, received = [], set(), 0, 0
+    sizes, left_out, late, received, rejected = [], set(), 0, 0, set()
     for j, task in waits.items():
         got, nbytes = await task
         received += nbytes
+        if group.members[j] in group.excluded:
+            got = "is from a penalised member"
+        elif isinstance(got, str) and nbytes and verdict is not None:
+            verdict(j, got, 0.0, 1)
+            rejected.add(short[j])
+        elif not isinstance(got, str) and me in got[1] and verdict is not None:
+            why = verdict(j, got[0], got[2], len(got[1]))
+            if why is not None:
+                got = f"fails this member's bounds ({why})"
+                rejected.add(short[j])
         if isinstance(got, str) or me not in got[1]:
             late += not isinstance(got, str)  # it came back, averaged without this member
             why = got if isinstance(got, str) else "does not include this member's contribution"
-            logger.info("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
+            log = logger.warning if short[j] in rejected else logger.info
+            log("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
             left_out.add(short[j])
             sizes.append(1)
             continue
@@ -307,7 +280,7 @@ async def _gather_results(
         out[a:b] = got[0]
         sizes.append(len(got[1]))
         left_out.update(short[i] for i in others if i not in got[1])
-    return sizes, left_out, late, received
+    return sizes, left_out, late, received, rejected
 
 
 def _finish_in_background(sends: list[asyncio.Task[Any]], transport: Transport, key: str) -> None:
@@ -330,15 +303,34 @@ async def butterfly_average(
     gone: Callable[[str], bool] = lambda _: False,
     contributed: Callable[[], None] | None = None,
     on_late: Callable[[float], None] | None = None,
+    reference: torch.Tensor | None = None,
 ) -> ExchangeResult:
     """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered;
-    `on_late` gets the offset from the start at which contributions that missed the window arrived."""
+    `on_late` gets the offset from the start at which contributions that missed the window arrived;
+    `reference` is what `flat` is compared with (§10): None for none known, an empty tensor for zero."""
     started, started_unix = time.monotonic(), time.time()
     n, me = len(group.members), group.members.index(group.me)
+    if group.defence is not None:
+        penalties = group.defence.penalties
+        group = dataclasses.replace(
+            group,
+            max_weight=min(group.max_weight, group.defence.max_weight(weight)),
+            excluded=group.excluded | {m for m in group.members if m != group.me and penalties.excluded(m)},
+        )
     bounds = part_bounds(flat.numel(), n)
     data = flat.detach().to(torch.float32).contiguous().numpy()
     others = [j for j in range(n) if j != me]
+    reached = [j for j in others if group.members[j] not in group.excluded]
     short = [m[-8:] for m in group.members]
+    checks = None
+    if group.defence is not None:
+
+        def decoded(values: np.ndarray) -> tuple[str, np.ndarray]:
+            return encode_values(values, group.wire_dtype)[1:]
+
+        checks = PartChecks(
+            group.defence, group.members, me, group.key, data, reference, bounds, decoded, weight
+        )
 
     moved = 0
 
@@ -355,28 +347,35 @@ async def butterfly_average(
         return payload, {"w": weight, "dt": fmt}
 
     lo, hi = bounds[me]
-    sends = [send(j, "c", j, *contribution(j)) for j in others]
+    sends = [send(j, "c", j, *contribution(j)) for j in reached]
     if contributed is not None:
         await asyncio.wait(sends, timeout=2.0)  # delivered (or a member is not taking them)
         contributed()
-    arrivals = await _collect(transport, group, me, hi - lo, started, deadline, gone, on_late)
-    acc, total_w = data[lo:hi].astype(np.float64) * weight, weight
-    for values, w in arrivals.values.values():
-        acc += values.astype(np.float64) * w
-        total_w += w
+
+    def away(member: str) -> bool:
+        return member in group.excluded or gone(member)
+
+    accept = checks.contribution if checks is not None else None
+    arrivals = await _collect(transport, group, me, hi - lo, started, deadline, away, on_late, accept)
+    own_scale = checks.mine if checks is not None else None
+    mean, total_w = merge(data[lo:hi], weight, list(arrivals.values.values()), group.defence, own_scale)
     included = sorted([me, *arrivals.values])
     # every member, this owner included, keeps the values as sent: identical results group-wide
-    payload, fmt, mine = encode_values((acc / total_w).astype(np.float32), group.wire_dtype)
-    sends += [send(j, "r", me, payload, {"w": total_w, "in": included, "dt": fmt}) for j in others]
+    payload, fmt, mine = encode_values(mean.astype(np.float32), group.wire_dtype)
+    sends += [send(j, "r", me, payload, {"w": total_w, "in": included, "dt": fmt}) for j in reached]
     own_done = time.monotonic()
 
     out = data.copy()  # parts that do not come back keep this member's own values
     out[lo:hi] = mine
-    sizes, left_out, late_parts, results_received = await _gather_results(
-        transport, group, bounds, out, set(arrivals.values), own_done, deadline
+    # a rejected member is alive: its result is waited for (and checked) like a contributor's
+    awaited = set(arrivals.values) | arrivals.rejected
+    verify = checks.result if checks is not None else None
+    sizes, left_out, late_parts, results_received, rejected = await _gather_results(
+        transport, group, bounds, out, awaited, own_done, deadline, verify
     )
     sizes.append(len(included))
     left_out |= {short[j] for j in others if j not in arrivals.values}
+    rejected |= {short[j] for j in arrivals.rejected}
     finishing: list[asyncio.Task[Any]] = list(sends)
     if arrivals.late and on_late is not None:
         finishing.append(asyncio.create_task(_watch_late(arrivals.late, started, deadline, on_late)))
@@ -385,7 +384,8 @@ async def butterfly_average(
     own_parts = sum(1 for s in sizes if s == 1)
     if max(sizes) == 1:
         return Failed(
-            f"no member's values arrived within the grace window (left out: {sorted(left_out)})",
+            f"no member's values arrived within the grace window (left out: {sorted(left_out)}"
+            + (f", rejected: {sorted(rejected)})" if rejected else ")"),
             elapsed,
             missed=arrivals.missed,
         )
@@ -405,4 +405,5 @@ async def butterfly_average(
         missed=arrivals.missed,
         started_unix=started_unix,
         group_key=group.key,
+        rejected=tuple(sorted(rejected)),
     )

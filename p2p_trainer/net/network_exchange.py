@@ -11,6 +11,10 @@ their heartbeats (`swarm_view.py`), so the survivors' member lists agree again w
 heartbeat period. Until then, members whose views differ form different keys and do not meet;
 a dead member whose slot stayed in the groups for the whole heartbeat TTL would instead leave
 its part of the vector unmerged (each survivor keeping its own values) round after round.
+
+With `security.defences` on, every exchange applies the bounds of §10 (`robust.py`) against the
+request's reference, and members this peer has penalised are left out of its groups (the
+partition is still computed over the whole live view, so honest partners' keys agree).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import torch
 
 from p2p_trainer.algo.grace import quorum_size
 from p2p_trainer.algo.groups import group_of, group_seed
+from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector, FaultPoint
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
 from p2p_trainer.net.exchange_tap import NO_TAP, ExchangeTap
 from p2p_trainer.net.health import PeerHealth
+from p2p_trainer.net.robust import Defence, Penalties
 from p2p_trainer.net.transport import Transport
 
 BACKGROUND_TAGS = frozenset({"mix1", "reagree"})
@@ -94,14 +100,18 @@ class NetworkExchange:
         health: PeerHealth | None = None,
         faults: FaultInjector = NO_FAULTS,
         tap: ExchangeTap = NO_TAP,
+        security: SecurityConfig = SecurityConfig(),
     ) -> None:
         """`faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions;
-        `tap` sees each exchange's contribution and result (a test tool, `exchange_tap.py`)."""
+        `tap` sees each exchange's contribution and result (a test tool, `exchange_tap.py`);
+        `security` says whether and how contributions and results are bounded (§10)."""
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id
         self.health = health or PeerHealth()
         self.faults, self.tap = faults, tap
+        self.security = security
+        self.penalties = Penalties(security.penalty_half_life_s)
         self._late_s = 0.0
         """Latest offset at which a contribution that missed its window arrived (0: none since
         the last result): reported with the next result, for the grace window (§4)."""
@@ -116,6 +126,9 @@ class NetworkExchange:
         live = sorted(self._live())
         seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
         _, members = group_of(self.me, live, request.group_size, seed)
+        defence = None
+        if self.security.defences:
+            defence = Defence.of(self.security, self.penalties, request.weight_floor)
         digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
         prefix = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/"
         return GroupSpec(
@@ -129,6 +142,7 @@ class NetworkExchange:
             result_wait_s=request.result_wait_s,
             view_prefix=prefix,
             wire_dtype=request.wire_dtype,
+            defence=defence,  # its penalties leave members out of this peer's groups (§10)
         )
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _NetworkPending:
@@ -151,6 +165,9 @@ class NetworkExchange:
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
             done.set_result(Ok([flat], 1, request.weight))
             return _NetworkPending(done, like, taken)
+        reference = None
+        if request.reference is not None:
+            reference = _flatten(request.reference) if request.reference else torch.empty(0)
         fut = self.transport.submit(
             butterfly_average(
                 self.transport,
@@ -162,6 +179,7 @@ class NetworkExchange:
                 self._gone,
                 contributed,
                 self._observe_late,
+                reference,
             )
         )
         return _NetworkPending(fut, like, taken, self._with_late)

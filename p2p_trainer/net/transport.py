@@ -4,6 +4,11 @@ Composes hivemind's public P2P API (a replica of the DHT's daemon, binary stream
 sender of every message is the libp2p-authenticated peer id of its stream, never a claimed field.
 An asyncio loop (uvloop) runs in a daemon thread so the training thread never blocks on I/O.
 Received messages wait in a bounded mailbox until the exchange that expects them collects them.
+
+With `security.defences` on, no one sender can hold more than a bounded share of that: a quota of
+bytes and messages per sender in the mailbox (its own oldest messages make room for its new
+ones, so a flood displaces only the flooder's), a bound on its open streams, and a read timeout
+on each; exchange messages are taken only from peers in the live view (`accept_from`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import msgpack
 from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
 
+from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -67,14 +73,32 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     return await reader.readexactly(size)
 
 
-class Mailbox:
-    """Messages by key, waiting for their reader; bounded in entries and bytes (oldest dropped)."""
+@dataclass(frozen=True)
+class SenderQuota:
+    """What one sender may have waiting in a mailbox (its oldest messages go first past it)."""
 
-    def __init__(self, max_entries: int = 4096, max_bytes: int = 2 << 30) -> None:
+    max_bytes: int
+    max_messages: int
+
+
+class Mailbox:
+    """Messages by key, waiting for their reader; bounded in entries and bytes (oldest dropped),
+    and per sender where a `quota` is given."""
+
+    def __init__(
+        self, max_entries: int = 4096, max_bytes: int = 2 << 30, quota: SenderQuota | None = None
+    ) -> None:
         self._entries: OrderedDict[str, asyncio.Future[Message]] = OrderedDict()
         self._stamp: dict[str, float] = {}
-        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.max_entries, self.max_bytes, self.quota = max_entries, max_bytes, quota
         self._bytes = 0
+        self._by_sender: dict[str, OrderedDict[str, int]] = {}
+        """Sender -> its messages waiting here (key -> payload bytes), oldest first."""
+
+    def held_by(self, sender: str) -> tuple[int, int]:
+        """Payload bytes and messages from `sender` waiting here."""
+        held = self._by_sender.get(sender, OrderedDict())
+        return sum(held.values()), len(held)
 
     def _future(self, key: str) -> asyncio.Future[Message]:
         fut = self._entries.get(key)
@@ -91,6 +115,15 @@ class Mailbox:
             return
         fut.set_result(message)
         self._bytes += len(message.payload)
+        held = self._by_sender.setdefault(message.sender, OrderedDict())
+        held[key] = len(message.payload)
+        if self.quota is not None:
+            while len(held) > 1 and (
+                len(held) > self.quota.max_messages or sum(held.values()) > self.quota.max_bytes
+            ):
+                oldest = next(iter(held))
+                logger.debug("mailbox quota of %s: its message for %s dropped", message.sender[-8:], oldest)
+                self._drop(oldest)
         self._evict()
 
     async def get(self, key: str, timeout_s: float) -> Message | None:
@@ -121,7 +154,13 @@ class Mailbox:
         fut = self._entries.pop(key)
         self._stamp.pop(key, None)
         if fut.done() and not fut.cancelled():
-            self._bytes -= len(fut.result().payload)
+            message = fut.result()
+            self._bytes -= len(message.payload)
+            held = self._by_sender.get(message.sender)
+            if held is not None:
+                held.pop(key, None)
+                if not held:
+                    del self._by_sender[message.sender]
         else:
             fut.cancel()
 
@@ -138,9 +177,21 @@ class Mailbox:
 class Transport:
     """A peer's messaging endpoint on the DHT's p2p daemon."""
 
-    def __init__(self, dht: DHT, max_payload_bytes: int) -> None:
+    def __init__(self, dht: DHT, max_payload_bytes: int, security: SecurityConfig = SecurityConfig()) -> None:
         self.max_payload_bytes = max_payload_bytes
-        self.mailbox = Mailbox()
+        self.security = security
+        quota = None
+        if security.defences:
+            quota = SenderQuota(
+                int(security.sender_mailbox_payloads * max_payload_bytes), security.sender_mailbox_messages
+            )
+        self.mailbox = Mailbox(quota=quota)
+        self.accept_from: Callable[[str], bool] = lambda _: True
+        """Whether to take exchange messages from a peer (the live view, with defences on)."""
+        self._open: dict[str, int] = {}
+        """Sender -> its incoming streams being read now."""
+        self.refused = 0
+        """Incoming streams closed unread or cut off (unknown sender, too many open, too slow)."""
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
@@ -198,18 +249,45 @@ class Transport:
 
         await self.p2p.add_binary_stream_handler(protocol, on_stream)
 
+    def _refusal(self, sender: str) -> str | None:
+        """Why a new stream from `sender` is closed unread, or None (defences on only)."""
+        if not self.security.defences:
+            return None
+        if not self.accept_from(sender):
+            return "not in the live view"
+        if self._open.get(sender, 0) >= self.security.sender_open_streams:
+            return f"already {self.security.sender_open_streams} streams open"
+        return None
+
+    async def _read_message(self, reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+        header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
+        return header, await read_frame(reader, self.max_payload_bytes)
+
     async def _on_stream(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
+        refusal = self._refusal(sender)
+        if refusal is not None:
+            self.refused += 1
+            logger.debug("stream from %s closed unread: %s", sender[-8:], refusal)
+            writer.close()
+            return
+        self._open[sender] = self._open.get(sender, 0) + 1
         try:
-            header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
-            payload = await read_frame(reader, self.max_payload_bytes)
+            timeout = self.security.stream_read_timeout_s if self.security.defences else None
+            header, payload = await asyncio.wait_for(self._read_message(reader), timeout)
             self.bytes_received += len(payload)
             self.messages_received += 1
             self._last_heard[sender] = time.monotonic()
             self.mailbox.put(f"{header['key']}|{sender}", Message(sender, header, payload))
         except (MessageError, asyncio.IncompleteReadError, ConnectionError) as exc:
             logger.warning("message from %s dropped: %s", sender, exc)
+        except asyncio.TimeoutError:
+            self.refused += 1
+            logger.warning("message from %s dropped: not whole within the read timeout", sender)
         finally:
+            self._open[sender] -= 1
+            if not self._open[sender]:
+                del self._open[sender]
             writer.close()
 
     def heard_within(self, seconds: float) -> set[str]:

@@ -59,6 +59,7 @@ def final_request(cfg: RunConfig) -> ExchangeRequest:
         cfg.rounds,
         ALL,
         weight=1.0,
+        weight_floor=1.0,  # equal weights: a larger claim is a lie (§10)
         timeout_s=wait_s + cfg.exchange.timeout_s,
         quorum_fraction=1.0,
         quorum_wait_s=wait_s,

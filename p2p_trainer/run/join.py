@@ -159,7 +159,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
     CONTEXT.peer = node.peer_id
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
     n_floats = build_model(cfg.model, cfg.seed).num_params()
-    transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024)
+    transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024, security=cfg.security)
     leave.callback(transport.close)
     net = opts.run.network
     view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security)
@@ -172,6 +172,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
     # worth here; 4x leaves room for survivors topping up their share when peers vanish
     # (constant work per round, §6). Anything above is more than a peer could have processed.
     view.hear_from(transport.heard_within)  # exchanges are evidence of life too (swarm_view.py)
+    transport.accept_from = lambda peer: peer in view.live_peers()  # nobody enters the view by a message
     faults = FaultInjector(opts.kill_self_at)
     tap = open_tap(opts.record_exchanges, node.peer_id)
     leave.callback(lambda: tap.close(TransportCounters.of(transport)))  # before the transport closes
@@ -183,6 +184,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
         max_weight=4.0 * tokens_per_round,
         faults=faults,
         tap=tap,
+        security=cfg.security,
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
     peer = Peer(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
-from p2p_trainer.algo.work import WorkQuota
+from p2p_trainer.algo.work import WorkQuota, micro_batch_tokens
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
@@ -88,7 +88,11 @@ class Peer:
         self.stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, peer_key)
         self.val = validation_batches(corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches)
         self.timing = grace_tracker(cfg.exchange)  # §4: step-time EMA feeds the grace window
-        self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange)
+        # §10: one full round's tokens, the most an honest partner's weight needs (a survivor's §6
+        # top-up included)
+        full = cfg.outer.num_inner_steps * cfg.inner.grad_accum * micro_batch_tokens(cfg)
+        round_tokens = float(max(full, cfg.outer.target_tokens_per_round))
+        self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange, round_tokens)
         self.state = OuterState.from_params(self.params)
         self.step = 0
         self.skip_steps = 0

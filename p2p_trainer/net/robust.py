@@ -1,0 +1,284 @@
+"""Robust merging (docs/algorithms.md §10): bounds on contributions and results, robust means, penalties.
+
+An exchanged vector is compared with a *reference*: zero for an update (Δ, a gradient), the vector
+this peer held before the round's training for a model (θ against φ, an anchor against the
+previous one). A vector's *update* is vector − reference, and this peer's own update on a part is
+the scale every other member's values are held to:
+
+- at the part owner, a contribution whose update is more than R times the owner's own (norm), or
+  points too far from it (cosine below a floor), is *rejected*: left out of the part like a late
+  contribution, named in the result's `left_out` and `rejected`, and its sender penalised;
+- at every member, a part owner's result further than R' times the member's own update from the
+  member's own values, or pointing away from that update, is discarded for the member's own
+  values (`own_parts` > 0), and the owner is penalised.
+
+Rejecting rather than clipping: a clipped liar still moves an honest vector a bounded step in the
+direction of its choice every round, and nothing shows it; a rejected one moves nothing and is
+reported, and an honest member that exceeds the bound for one round costs one part of one merge.
+Clipping remains available as a robust mean (`centred-clip`) for groups of three or more, where
+the owner merges several contributions that all passed the bounds.
+
+A penalised peer is left out of this peer's groups (not waited for, not sent to, not merged) while
+its penalty lasts; the penalty halves every `penalty_half_life_s`, so an honest peer with one bad
+round comes back. The groups themselves are still formed from the whole live view: leaving the
+peer out of the partition would give this peer member lists (and exchange keys) that its honest
+partners, who may not have penalised the same peer, do not share, and nobody would meet.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from p2p_trainer.config.security import RobustMean, SecurityConfig
+
+logger = logging.getLogger(__name__)
+
+WIRE_TOLERANCE = {"f4": 1e-6, "f2": 2e-3}
+"""Relative error of values decoded from each wire format: differences below it are rounding."""
+
+
+class Penalties:
+    """Local, decaying penalties by peer id; thread-safe (the transport's loop and the trainer)."""
+
+    def __init__(self, half_life_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.half_life_s, self.clock = half_life_s, clock
+        self._scores: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def _score(self, peer: str, now: float) -> float:
+        score, since = self._scores.get(peer, (0.0, now))
+        return score * 0.5 ** ((now - since) / self.half_life_s)
+
+    def offend(self, peer: str, why: str) -> None:
+        now = self.clock()
+        with self._lock:
+            score = self._score(peer, now) + 1.0
+            self._scores[peer] = (score, now)
+        logger.warning("peer %s penalised (score %.1f): %s", peer[-8:], score, why)
+
+    def excluded(self, peer: str) -> bool:
+        now = self.clock()
+        with self._lock:
+            if peer not in self._scores:
+                return False
+            score = self._score(peer, now)
+            if score < 0.5:
+                del self._scores[peer]
+            return score >= 0.5
+
+
+@dataclass(frozen=True)
+class Defence:
+    """The §10 checks one exchange applies; absent (None) where defences are off."""
+
+    update_ratio: float
+    cosine_min: float
+    result_ratio: float
+    weight_ratio: float
+    robust_mean: RobustMean
+    penalties: Penalties = field(compare=False)
+    weight_floor: float = 1.0
+    """One full round's weight for an honest peer (the weight bound's floor, §10)."""
+
+    @classmethod
+    def of(cls, cfg: SecurityConfig, penalties: Penalties, weight_floor: float = 1.0) -> Defence:
+        return cls(
+            cfg.update_ratio_max,
+            cfg.cosine_min,
+            cfg.result_ratio_max,
+            cfg.weight_ratio_max,
+            cfg.robust_mean,
+            penalties,
+            weight_floor,
+        )
+
+    def max_weight(self, own_weight: float) -> float:
+        return self.weight_ratio * max(own_weight, self.weight_floor)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """This peer's own values on one part and what they are measured against."""
+
+    own: np.ndarray
+    """Own values as the wire carries them (so rounding is common to both sides)."""
+    reference: np.ndarray | None
+    """None: no reference known (the update bounds are not applied); a zero-size array: zero."""
+    tolerance: float
+    """Absolute slack for rounding on the wire."""
+
+    @classmethod
+    def of(cls, own: np.ndarray, reference: np.ndarray | None, wire_format: str) -> Scale:
+        ref = None if reference is None else (reference if reference.size else np.zeros_like(own))
+        size = float(np.linalg.norm(own)) + (float(np.linalg.norm(ref)) if ref is not None else 0.0)
+        return cls(own, ref, WIRE_TOLERANCE.get(wire_format, 1e-6) * size)
+
+    def update(self, values: np.ndarray) -> np.ndarray:
+        assert self.reference is not None
+        return values.astype(np.float64) - self.reference
+
+    @property
+    def own_update(self) -> np.ndarray:
+        return self.update(self.own)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b) / (float(np.linalg.norm(a)) * float(np.linalg.norm(b)))
+
+
+def _bounded(
+    update: np.ndarray, own_update: np.ndarray, ratio: float, cosine_min: float, tol: float, what: str
+) -> str | None:
+    norm, own_norm = float(np.linalg.norm(update)), float(np.linalg.norm(own_update))
+    if not math.isfinite(norm) or norm > ratio * own_norm + tol:
+        return f"{what} norm {norm:.3g} exceeds {ratio:g} x own {own_norm:.3g}"
+    if norm > tol and own_norm > tol and _cosine(update, own_update) < cosine_min:
+        return f"{what} cosine {_cosine(update, own_update):.2f} with own update is below {cosine_min:g}"
+    return None
+
+
+def check_contribution(
+    values: np.ndarray, scale: Scale, defence: Defence, stretch: float = 1.0
+) -> str | None:
+    """Why an owner must reject this contribution to its part, or None (§10); `stretch` (>= 1) is
+    how many times the owner's own tokens the sender's are (a longer round, a longer update)."""
+    if scale.reference is None:
+        return None
+    return _bounded(
+        scale.update(values),
+        scale.own_update,
+        defence.update_ratio * stretch,
+        defence.cosine_min,
+        scale.tolerance,
+        "update",
+    )
+
+
+def check_result(result: np.ndarray, scale: Scale, defence: Defence, stretch: float = 1.0) -> str | None:
+    """Why a member must discard a part owner's result for its own values, or None (§10);
+    `stretch` as for `check_contribution`, for the other members the result includes."""
+    if scale.reference is None:
+        return None
+    own_update = scale.own_update
+    distance = result.astype(np.float64) - scale.own
+    tol = scale.tolerance
+    ratio = defence.result_ratio * stretch
+    moved = _bounded(distance, own_update, ratio, -1.0, tol, "distance from own values")
+    if moved is not None:
+        return moved
+    return _bounded(scale.update(result), own_update, math.inf, defence.cosine_min, tol, "result update")
+
+
+def merge(
+    own: np.ndarray,
+    own_weight: float,
+    others: Sequence[tuple[np.ndarray, float]],
+    defence: Defence | None,
+    scale: Scale | None = None,
+) -> tuple[np.ndarray, float]:
+    """The owner's merged part (float64) and its total weight: the weighted mean, or the configured
+    robust mean for three or more contributions (§10)."""
+    total_w = own_weight + sum(w for _, w in others)
+    rule = defence.robust_mean if defence is not None else "mean"
+    if rule == "trimmed" and len(others) >= 2:
+        stacked = np.sort(np.stack([own, *(v for v, _ in others)]).astype(np.float64), axis=0)
+        return stacked[1:-1].mean(axis=0), total_w
+    centre = own.astype(np.float64)
+    if rule == "centred-clip" and len(others) >= 2 and scale is not None and scale.reference is not None:
+        tau = float(np.linalg.norm(scale.own_update)) + scale.tolerance
+        acc = np.zeros_like(centre)
+        for values, w in others:
+            diff = values.astype(np.float64) - centre
+            norm = float(np.linalg.norm(diff))
+            acc += w * (diff * min(1.0, tau / norm) if norm > 0 else diff)
+        return centre + acc / total_w, total_w
+    acc = centre * own_weight
+    for values, w in others:
+        acc += values.astype(np.float64) * w
+    return acc / total_w, total_w
+
+
+class PartChecks:
+    """One exchange's §10 checks at one member: contributions to its own part, results of the others."""
+
+    def __init__(
+        self,
+        defence: Defence,
+        members: list[str],
+        me: int,
+        key: str,
+        data: np.ndarray,
+        reference: torch.Tensor | None,
+        bounds: list[tuple[int, int]],
+        decoded: Callable[[np.ndarray], tuple[str, np.ndarray]],
+        weight: float,
+    ) -> None:
+        """`data` is this member's flat vector, `reference` what it is measured against (None:
+        unknown, empty: zero), `decoded` gives a part's wire format and values as sent, `weight`
+        this member's own."""
+        self.defence, self.members, self.key, self.weight = defence, members, key, weight
+        self.data, self.bounds, self.decoded = data, bounds, decoded
+        self.reference = (
+            None if reference is None else reference.detach().to(torch.float32).reshape(-1).numpy()
+        )
+        self.mine = self.scale(me)
+
+    def scale(self, j: int) -> Scale:
+        a, b = self.bounds[j]
+        fmt, own = self.decoded(self.data[a:b])
+        ref = self.reference
+        return Scale.of(own, None if ref is None else ref[a:b] if ref.size else ref, fmt)
+
+    def _penalised(self, j: int, why: str | None, what: str) -> str | None:
+        if why is not None:
+            self.defence.penalties.offend(self.members[j], f"{what} in {self.key}: {why}")
+        return why
+
+    def _margins(self, what: str, j: int, values: np.ndarray, scale: Scale) -> None:
+        """How close to the bounds honest values come: the norm ratio and cosine, at debug level."""
+        if logger.isEnabledFor(logging.DEBUG) and scale.reference is not None:
+            update, own = scale.update(values), scale.own_update
+            moved = values.astype(np.float64) - scale.own
+            own_norm = float(np.linalg.norm(own))
+            if own_norm > scale.tolerance and float(np.linalg.norm(update)) > scale.tolerance:
+                logger.debug(
+                    "%s of %s in %s: ratio %.3f distance %.3f cosine %.3f",
+                    what,
+                    self.members[j][-8:],
+                    self.key,
+                    float(np.linalg.norm(update)) / own_norm,
+                    float(np.linalg.norm(moved)) / own_norm,
+                    _cosine(update, own),
+                )
+
+    def _stretch(self, weight: float, count: int) -> float:
+        """How many times this member's weight the others' (mean) weight is, at least 1: a member
+        whose round was short (a joiner's first) holds longer rounds to a longer bound."""
+        others = (weight - self.weight) / (count - 1) if count > 1 else weight
+        return max(1.0, others / self.weight) if self.weight > 0 else 1.0
+
+    def contribution(self, j: int, values: np.ndarray | str, weight: float, count: int = 1) -> str | None:
+        """Why member j's contribution (of `weight`) is rejected (given a reason: it was invalid), or None."""
+        if isinstance(values, str):
+            return self._penalised(j, values, "contribution")
+        self._margins("contribution", j, values, self.mine)
+        why = check_contribution(values, self.mine, self.defence, self._stretch(weight, count))
+        return self._penalised(j, why, "contribution")
+
+    def result(self, j: int, values: np.ndarray | str, weight: float, count: int) -> str | None:
+        """Why owner j's result (`count` members' total `weight`) is discarded for own values
+        (given a reason: it was invalid), or None."""
+        if isinstance(values, str):
+            return self._penalised(j, values, "result")
+        scale = self.scale(j)
+        self._margins("result", j, values, scale)
+        why = check_result(values, scale, self.defence, self._stretch(weight, count))
+        return self._penalised(j, why, "result")

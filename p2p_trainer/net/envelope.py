@@ -22,6 +22,7 @@ with per-type limits, then the field types and sizes, and only then the signatur
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import multiprocessing
@@ -75,12 +76,24 @@ class Envelope:
     @property
     def signer(self) -> str:
         """The signer's libp2p peer id."""
-        return peer_id_from_public_key(self.public_key)
+        return _peer_id(self.public_key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_id(public_key: bytes) -> str:
+    """Cached: base58 costs more than the signature check, and the same few keys sign every period
+    (the cache is bounded, so a flood of new keys only evicts)."""
+    return peer_id_from_public_key(public_key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dht_key_bytes(key: str) -> bytes:
+    return bytes(DHTID.generate(source=key).to_bytes())
 
 
 def dht_key_bytes(key: str) -> bytes:
     """The DHTID bytes hivemind stores `key` under (what a validator sees as `record.key`)."""
-    return bytes(DHTID.generate(source=key).to_bytes())
+    return _dht_key_bytes(key)
 
 
 def subkey_bytes(subkey: str | None) -> bytes:

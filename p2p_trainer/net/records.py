@@ -346,6 +346,15 @@ def _live_publishers(dht: DHTLike, publishers: list[str], live: set[str], verify
     return found
 
 
+def _mismatch(run_name: str, ours: RunDefinition, theirs: RunDefinition) -> RunDefinitionMismatch:
+    differences = diff_run_definitions(ours, theirs)
+    lines = "; ".join(f"{name}: ours={a!r}, swarm's={b!r}" for name, a, b in differences)
+    return RunDefinitionMismatch(
+        f"refusing to join run {run_name!r}: its run definition differs from ours in "
+        f"{len(differences)} field(s): {lines}. Use the swarm's config, or choose another run name"
+    )
+
+
 def check_run_definition(
     dht: DHTLike, run_name: str, ours: RunDefinition, ttl_s: float, signer: Signer, verify: bool = True
 ) -> None:
@@ -365,15 +374,9 @@ def check_run_definition(
         if _live_publishers(dht, same, live, verify):
             logger.info("%d peer(s) of run %r publish another run definition; joining", len(other), run_name)
         elif differing := _live_publishers(dht, other, live, verify):
-            theirs = published[differing[0]]
-            lines = "; ".join(
-                f"{name}: ours={a!r}, swarm's={b!r}" for name, a, b in diff_run_definitions(ours, theirs)
-            )
-            raise RunDefinitionMismatch(
-                f"refusing to join run {run_name!r}: its run definition differs from ours in "
-                f"{len(diff_run_definitions(ours, theirs))} field(s): {lines}. Use the swarm's config, "
-                f"or choose another run name"
-            )
+            digests = [published[p].digest for p in differing]
+            common = max(differing, key=lambda p: digests.count(published[p].digest))
+            raise _mismatch(run_name, ours, published[common])
     key = run_definition_key(run_name)
     seal_and_store(dht, signer, key, signer.peer_id, ours.encode(), now() + ttl_s)
 

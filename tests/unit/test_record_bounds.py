@@ -205,3 +205,36 @@ def test_with_defences_off_forged_records_are_read_as_today() -> None:
     dht.store(key, forger.seal(key, victim.peer_id, expiration, forged.encode()), expiration, victim.peer_id)
     assert records.read_heartbeats(dht, "run") == []  # checked: the forger does not own that subkey
     assert [b for b, _ in records.read_heartbeats(dht, "run", verify=False)] == [forged]
+
+
+class FakeNode(FakeDHT):
+    """The parts of NetNode a SwarmView uses."""
+
+    def __init__(self, signer: Signer) -> None:
+        super().__init__()
+        self.signer, self.peer_id = signer, signer.peer_id
+
+    def bootstrap_ids(self) -> list[str]:
+        return []
+
+    def ping_peers(self, peer_ids: list[str], timeout_s: float = 10.0) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("defences", [True, False])
+def test_the_view_hides_a_signed_but_implausible_heartbeat_only_with_defences(defences: bool) -> None:
+    from p2p_trainer.config import SecurityConfig
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, honest, liar = SIGNERS[:3]
+    node = FakeNode(me)
+    for signer, rnd, throughput in ((honest, 50, 5000.0), (liar, 10**9, 1e300)):
+        hb = Heartbeat(signer.peer_id, rnd, 0, None, throughput, "0.1.0", records.now())
+        records.publish_heartbeat(node, "run", hb, 30, signer)
+    view = SwarmView(node, "run", period_s=60.0, ttl_s=8.0, security=SecurityConfig(defences=defences))  # type: ignore[arg-type]
+    try:
+        seen = {h.peer_id for h in view.heartbeats()}
+        assert (liar.peer_id in seen) is not defences
+        assert {me.peer_id, honest.peer_id} <= seen
+    finally:
+        view.close()

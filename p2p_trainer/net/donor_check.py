@@ -10,7 +10,8 @@ since it supplies the hash itself. So the joiner:
   different states, so a different hash is followed by the second donor's full state, and the two
   must agree to within `tolerance` (relative L2 distance of φ); a state that disagrees is refused
   and the next donor is tried in its place;
-- says in the log when only one donor was available, so the state could not be confirmed.
+- says in the log when no second donor was available (none in view, or the others failed), so
+  the state could not be confirmed.
 """
 
 from __future__ import annotations
@@ -140,6 +141,6 @@ def _judged(
         logger.warning("state download: %s", reason)
         return reason
     logger.warning(
-        "state of %s (round %d) not confirmed: it was the only donor available", donor[-8:], got.round
+        "state of %s (round %d) not confirmed: no second donor was available", donor[-8:], got.round
     )
     return None

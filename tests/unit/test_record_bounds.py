@@ -120,7 +120,7 @@ def test_a_second_donor_confirms_the_state_and_a_poisoned_one_is_refused(
     assert isinstance(run(["a", "poison"]), list)  # two that disagree and no third: adopt neither
     with caplog.at_level("WARNING"):
         got = run(["a"])
-    assert not isinstance(got, list) and "only donor available" in caplog.text
+    assert not isinstance(got, list) and "no second donor was available" in caplog.text
     same = {"a": state(50, digest="x"), "b": state(50, digest="x")}
     downloads: list[str] = []
 

@@ -111,7 +111,9 @@ class NetworkExchange:
         self.health = health or PeerHealth()
         self.faults, self.tap = faults, tap
         self.security = security
-        self.penalties = Penalties(security.penalty_half_life_s)
+        self._exchanges = 0
+        """Exchanges this peer started: the clock its penalties decay with (§10)."""
+        self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
         self._late_s = 0.0
         """Latest offset at which a contribution that missed its window arrived (0: none since
         the last result): reported with the next result, for the grace window (§4)."""
@@ -148,6 +150,7 @@ class NetworkExchange:
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _NetworkPending:
         like = [t.detach() for t in tensors]
         flat = _flatten(tensors)  # the snapshot: training may change `tensors` from here on
+        self._exchanges += 1
         group = self._group(request)
         deadline = time.monotonic() + request.timeout_s
         point: FaultPoint = "mix1" if request.tag in BACKGROUND_TAGS else "blocking"

@@ -19,7 +19,7 @@ Clipping remains available as a robust mean (`centred-clip`) for groups of three
 the owner merges several contributions that all passed the bounds.
 
 A penalised peer is left out of this peer's groups (not waited for, not sent to, not merged) while
-its penalty lasts; the penalty halves every `penalty_half_life_s`, so an honest peer with one bad
+its penalty lasts; the penalty halves every `penalty_half_life` exchanges, so an honest peer with one bad
 round comes back. The groups themselves are still formed from the whole live view: leaving the
 peer out of the partition would give this peer member lists (and exchange keys) that its honest
 partners, who may not have penalised the same peer, do not share, and nobody would meet.
@@ -46,16 +46,18 @@ WIRE_TOLERANCE = {"f4": 1e-6, "f2": 2e-3}
 
 
 class Penalties:
-    """Local, decaying penalties by peer id; thread-safe (the transport's loop and the trainer)."""
+    """Local, decaying penalties by peer id; thread-safe (the transport's loop and the trainer).
 
-    def __init__(self, half_life_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.half_life_s, self.clock = half_life_s, clock
+    `clock` counts what the penalty decays with (the owner's exchanges; seconds by default)."""
+
+    def __init__(self, half_life: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.half_life, self.clock = half_life, clock
         self._scores: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
     def _score(self, peer: str, now: float) -> float:
         score, since = self._scores.get(peer, (0.0, now))
-        return score * 0.5 ** ((now - since) / self.half_life_s)
+        return score * 0.5 ** ((now - since) / self.half_life)
 
     def offend(self, peer: str, why: str) -> None:
         now = self.clock()
@@ -82,6 +84,7 @@ class Defence:
     update_ratio: float
     cosine_min: float
     result_ratio: float
+    result_cosine_min: float
     weight_ratio: float
     robust_mean: RobustMean
     penalties: Penalties = field(compare=False)
@@ -94,6 +97,7 @@ class Defence:
             cfg.update_ratio_max,
             cfg.cosine_min,
             cfg.result_ratio_max,
+            cfg.result_cosine_min,
             cfg.weight_ratio_max,
             cfg.robust_mean,
             penalties,
@@ -174,7 +178,9 @@ def check_result(result: np.ndarray, scale: Scale, defence: Defence, stretch: fl
     moved = _bounded(distance, own_update, ratio, -1.0, tol, "distance from own values")
     if moved is not None:
         return moved
-    return _bounded(scale.update(result), own_update, math.inf, defence.cosine_min, tol, "result update")
+    return _bounded(
+        scale.update(result), own_update, math.inf, defence.result_cosine_min, tol, "result update"
+    )
 
 
 def merge(

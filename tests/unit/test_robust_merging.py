@@ -26,7 +26,7 @@ from p2p_trainer.config import OuterConfig
 from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.exchange.interface import ZERO, ExchangeRequest, ExchangeResult, Ok
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
-from p2p_trainer.net.robust import Defence, Penalties, Scale, merge
+from p2p_trainer.net.robust import Defence, PartChecks, Penalties, Scale, merge
 from p2p_trainer.net.transport import Mailbox, Message, SenderQuota, Transport, encode_header
 
 SIZE = 60
@@ -184,7 +184,7 @@ def test_penalised_member_is_not_waited_for_nor_merged() -> None:
 
 def test_penalty_decays_so_an_honest_peer_comes_back() -> None:
     now = [0.0]
-    penalties = Penalties(half_life_s=10.0, clock=lambda: now[0])
+    penalties = Penalties(half_life=10.0, clock=lambda: now[0])
     penalties.offend("p", "one bad round")
     assert penalties.excluded("p")
     now[0] = 9.0
@@ -359,3 +359,39 @@ def test_updates_are_measured_against_zero_and_models_against_the_round_before()
     states, rec = _rounds("noloco")
     noloco = [r for r, _ in rec.seen if r.tag == "noloco"]
     assert all(_same(r.reference, s.anchor) for r, s in zip(noloco, states, strict=True))  # θ against φ
+
+
+@pytest.mark.parametrize("defences", [True, False])
+def test_an_owner_reversing_its_result_is_caught_by_direction(defences: bool) -> None:
+    members = ["a", "b", "h"]
+    penalties: dict[str, Penalties] = {}
+    results = asyncio.run(_exchange(members, ("r", "values", -1.0), defences, penalties))
+    own = dict(zip(members, _updates(3), strict=True))
+    lo, hi = part_bounds(SIZE, 3)[2]
+    mean = torch.stack(list(own.values())).mean(dim=0)
+    for m in HONEST:
+        res = results[m]
+        assert isinstance(res, Ok)
+        if defences:  # no larger than an honest disagreement, but pointing against the member's update
+            assert res.rejected == ("h",) and res.own_parts == 1
+            torch.testing.assert_close(res.tensors[0][lo:hi], own[m][lo:hi])
+        else:
+            torch.testing.assert_close(res.tensors[0][lo:hi], -mean[lo:hi])
+
+
+def test_a_short_round_holds_a_full_rounds_update_to_a_longer_bound() -> None:
+    own = np.full(4, 0.1)  # a joiner's first round: a tenth of the steps
+    checks = PartChecks(
+        Defence.of(SecurityConfig(), Penalties(1.0)),
+        ["me", "partner"],
+        0,
+        "k",
+        np.concatenate([own, own]),
+        torch.empty(0),
+        part_bounds(8, 2),
+        lambda values: ("f4", values),
+        weight=100.0,
+    )
+    full = np.full(4, 1.0)  # ten times the joiner's update, behind ten times its tokens
+    assert checks.contribution(1, full, 1000.0) is None
+    assert checks.contribution(1, full, 100.0) is not None  # the same update behind a short round

@@ -1,0 +1,127 @@
+"""Attacks by one hostile node, built from our own code, on three honest peers (real processes).
+
+Each attack runs twice. With the defences on (`[security] defences = true`, the default), the
+honest peers must finish every round (exit 0, no hang) with a final validation loss within 3% of
+a clean run of the same length (three honest peers, no attacker; one run for the module). With
+the defences off, the same attack must measurably hurt them, which shows the attack is real:
+those arms are benches (`make bench-check`), to keep `make test` short. Every arm prints its
+measurements (run with `-s`); docs/security-results.md has the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from p2p_trainer.config import RunConfig
+from p2p_trainer.config.security import SecurityConfig
+from p2p_trainer.lab.adversary.arena import Outcome, run_attack
+from p2p_trainer.lab.adversary.attacks import parse_attack
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.timeout(300)
+ROUNDS = 30
+H = 5
+SPLIT = 0.7
+"""Undefended, an attack splits the swarm if fewer than this share of the clean run's rounds merge."""
+TOLERANCE = 1.03
+"""Defended: each honest peer's final validation loss is at most this times the clean run's mean."""
+BOUNDED_WAITS = {"quorum_wait_max_s": 4.0, "grace_max_s": 2.0, "grace_min_s": 1.0, "mix1_grace_s": 2.0}
+"""As in the resilience tests: a member that never contributes costs a few seconds, not 30."""
+
+CONTRIBUTIONS = ["scale:1e3", "scale:1e6", "flip:10", "nan", "weight", "owner:10"]
+RECORDS = ["impersonate", "huge-round", "far-round-start", "replay", "tombstone", "flood:100"]
+STREAMS = 200
+"""Endless streams the attacker holds open to each honest peer."""
+OTHERS = ["donor", f"streams:{STREAMS}"]
+ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
+
+ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "ready", "streams": "holding"}
+"""A line the attacker logs once it has made its attack."""
+
+
+def _config(defences: bool) -> RunConfig:
+    cfg = tiny_config("factored", rounds=ROUNDS, h=H, **BOUNDED_WAITS)
+    return dataclasses.replace(cfg, security=SecurityConfig(defences=defences))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    out = run_attack(tmp_path_factory.mktemp("clean"), _config(True), None)
+    print(f"\n{out.row(out.mean_loss)}")
+    assert out.finished and out.final_rounds == [ROUNDS] * 3, out.row(out.mean_loss)
+    assert math.isfinite(out.mean_loss)
+    return out
+
+
+def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outcome:
+    attack = parse_attack(name)
+    out = run_attack(tmp_path, _config(defences), attack)
+    print(f"\n[defences {'on' if defences else 'off'}] {out.row(clean.mean_loss)}")
+    assert ACTED[attack.kind] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
+    return out
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_defended_swarm_trains_on(tmp_path: Path, name: str, clean: Outcome) -> None:
+    out = _attacked(tmp_path, name, True, clean)
+    assert out.finished, f"an honest peer crashed or hung: {out.row(clean.mean_loss)}"
+    assert out.final_rounds == [ROUNDS] * 3, f"an honest peer stopped early: {out.row(clean.mean_loss)}"
+    bound = TOLERANCE * clean.mean_loss
+    for i, loss in enumerate(out.val_losses):
+        assert loss is not None and loss <= bound, (
+            f"peer{i}: loss {loss} > {bound:.4g}: {out.row(clean.mean_loss)}"
+        )
+    if name.startswith("streams"):
+        extra = out.fd_peak - clean.fd_peak
+        assert extra < STREAMS // 4, f"an honest peer held {extra} descriptors more than in the clean run"
+
+
+def _worse_loss(out: Outcome, clean: Outcome) -> bool:
+    """Crashed, hung, or a mean final loss more than the defended tolerance above the clean run's."""
+    return not out.finished or out.mean_loss > TOLERANCE * clean.mean_loss
+
+
+def _split(out: Outcome, clean: Outcome) -> bool:
+    """The honest peers stopped averaging: far fewer rounds merged in full than in the clean run.
+
+    Thirty rounds of a tiny model are too few for the swarm's gain over lone training to show in
+    the loss, so attacks that split the swarm are judged by the merges they cost."""
+    share = sum(out.merged_share) / len(out.merged_share)
+    return _worse_loss(out, clean) or share < SPLIT * sum(clean.merged_share) / len(clean.merged_share)
+
+
+def _skipped(out: Outcome, clean: Outcome) -> bool:
+    """Aligned peers left out inner steps they should have run (the clean run leaves out none)."""
+    steps = ROUNDS * H * len(out.skipped_steps)
+    return _worse_loss(out, clean) or sum(out.skipped_steps) - sum(clean.skipped_steps) > 0.05 * steps
+
+
+def _held(out: Outcome, clean: Outcome) -> bool:
+    """An honest peer held open descriptors for most of the attacker's streams."""
+    return out.fd_peak - clean.fd_peak > STREAMS // 2
+
+
+Harm = Callable[[Outcome, Outcome], bool]
+HARM: dict[str, Harm] = {
+    **{name: _worse_loss for name in CONTRIBUTIONS},
+    # NaN is dropped by the finiteness check, which stays on with the defences off: the merges
+    # with the hostile peer are what it costs
+    "nan": _split,
+    **{name: _split for name in ("impersonate", "replay", "tombstone", "flood:100")},
+    "far-round-start": _skipped,
+    "huge-round": _worse_loss,
+    "donor": _worse_loss,
+    f"streams:{STREAMS}": _held,
+}
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("name", ATTACKS)
+def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, clean: Outcome) -> None:
+    out = _attacked(tmp_path, name, False, clean)
+    assert HARM[name](out, clean), f"the attack did no measurable harm: {out.row(clean.mean_loss)}"

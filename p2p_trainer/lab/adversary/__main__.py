@@ -89,7 +89,7 @@ def run_attacker(kind: str, argv: Sequence[str]) -> int:
             else:
                 from p2p_trainer.lab.adversary.streams import hold_streams
 
-                hold_streams(transport, opts.victim, opts.attack, stop)
+                hold_streams(dht, transport, opts.victim, opts.attack, stop)
         finally:
             transport.close()
     return 0

@@ -1,8 +1,8 @@
 """One attacked swarm on loopback: honest `join` peers, one hostile node, and what the honest saw.
 
 `run_attack` starts a bootstrap node, the attacker (before the honest peers where it must be
-there first: forged records, a poisoned donor; with them for a hostile training peer; once they
-train for endless streams), waits for the honest peers to finish their rounds, stops and reaps
+there first: forged records, a poisoned donor, endless streams; with them for a hostile
+training peer), waits for the honest peers to finish their rounds, stops and reaps
 everything by PID (`LocalSwarm`), and returns an `Outcome` read from the honest peers' metrics.
 """
 
@@ -43,13 +43,15 @@ class Outcome:
     val_losses: list[float | None]
     """Final validation loss of each (None: no final record)."""
     rounds: list[int]
-    """Rounds each recorded."""
+    """Rounds each recorded (fewer than it ended at where it adopted a later round's state)."""
+    final_rounds: list[int | None]
+    """The round each ended at (None: no final record)."""
     merged_share: list[float]
     """Share of each one's rounds in which every exchange merged with another peer in full."""
     skipped_steps: list[int]
     """Inner steps each left out (alignment, catching up with an adopted state)."""
-    fd_growth: int
-    """Most file descriptors an honest peer held above its count when the attack began."""
+    fd_peak: int
+    """Most file descriptors an honest peer's process held at once (streams in, files, sockets)."""
     attacker_log: str
     wall_s: float
 
@@ -67,9 +69,9 @@ class Outcome:
         losses = ", ".join("-" if v is None else f"{v:.4g}" for v in self.val_losses)
         return (
             f"{self.attack}: exit {self.codes}, val loss {losses} (clean {clean:.4g}, "
-            f"{self.mean_loss / clean - 1:+.1%}), rounds {self.rounds}, merged "
+            f"{self.mean_loss / clean - 1:+.1%}), rounds {self.rounds} to {self.final_rounds}, merged "
             f"{[round(s, 2) for s in self.merged_share]}, skipped {self.skipped_steps}, "
-            f"fd growth {self.fd_growth}, {self.wall_s:.0f} s"
+            f"fds at most {self.fd_peak}, {self.wall_s:.0f} s"
         )
 
 
@@ -89,24 +91,21 @@ def _fds(pid: int) -> int:
 
 
 class FdWatch:
-    """The largest growth of open file descriptors of `pids` over their counts at `start`."""
+    """The most file descriptors any of `pids` held at once, sampled twice a second."""
 
     def __init__(self) -> None:
-        self.base: dict[int, int] = {}
-        self.growth = 0
+        self.pids: list[int] = []
+        self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self, pids: list[int]) -> None:
-        self.base = {pid: _fds(pid) for pid in pids}
+        self.pids = pids
         self._thread.start()
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
-            for pid, base in self.base.items():
-                now = _fds(pid)
-                if now:
-                    self.growth = max(self.growth, now - base)
+            self.peak = max([self.peak, *(_fds(pid) for pid in self.pids)])
 
     def close(self) -> None:
         self._stop.set()
@@ -146,7 +145,8 @@ class Arena(LocalSwarm):
             identity=run_dir / "keys" / "attacker.key" if donor else None,
         )
         attacker = self.start_argv(ATTACKER, "attacker", argv)
-        if not _wait_log(run_dir / "attacker" / "log.txt", "ready" if donor else "stored", 90, attacker):
+        mark = {"donor": "ready", "records": "stored", "streams": "is up"}[attack.kind]
+        if not _wait_log(run_dir / "attacker" / "log.txt", mark, 90, attacker):
             raise RuntimeError(f"the attacker did not start: see {run_dir / 'attacker' / 'log.txt'}")
         return attacker
 
@@ -164,34 +164,20 @@ def run_attack(
     with swarm:
         swarm.start_bootstrap()
         attacker: Child | None = None
-        if attack is not None and kind in ("records", "donor"):
+        if attack is not None and kind in ("records", "donor", "streams"):
             attacker = swarm.start_first(attack, victims)
         peers = [swarm.start_peer(i) for i in range(honest)]
+        fds.start([p.pid for p in peers])
         if attack is not None and kind == "peer":
             argv = hostile_peer_argv(peer_args(opts, honest), swarm.initial_peers, attack)
             attacker = swarm.start_argv(honest, f"peer{honest}", argv)
-        if attack is not None and kind == "streams":
-            _wait_rounds(run_dir, honest, peers)
-            fds.start([p.pid for p in peers])
-            argv = attacker_argv(attack, swarm.initial_peers, victims)
-            attacker = swarm.start_argv(ATTACKER, "attacker", argv)
         try:
             wait_all(peers, timeout_s)
         finally:
             fds.close()
         codes = [p.proc.poll() for p in peers]
     log = None if attacker is None else run_dir / attacker.name / "log.txt"
-    return _outcome(run_dir, str(attack) if attack else "clean", honest, codes, fds.growth, log, t0)
-
-
-def _wait_rounds(run_dir: Path, honest: int, peers: list[Child], timeout_s: float = 90.0) -> None:
-    """Until every honest peer has recorded a round (their handlers are up) or one has exited."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and all(p.alive() for p in peers):
-        logs = [read_log(run_dir / f"peer{i}" / "metrics.jsonl").rounds for i in range(honest)]
-        if all(logs):
-            return
-        time.sleep(0.5)
+    return _outcome(run_dir, str(attack) if attack else "clean", honest, codes, fds.peak, log, t0)
 
 
 def _outcome(
@@ -199,7 +185,7 @@ def _outcome(
     name: str,
     honest: int,
     codes: list[int | None],
-    fd_growth: int,
+    fd_peak: int,
     attacker_log: Path | None,
     t0: float,
 ) -> Outcome:
@@ -210,9 +196,10 @@ def _outcome(
         codes=codes,
         val_losses=[log.finals[0].val_loss if log.finals else None for log in logs],
         rounds=[len(log.rounds) for log in logs],
+        final_rounds=[log.finals[0].round if log.finals else None for log in logs],
         merged_share=[_merged(log.rounds) for log in logs],
         skipped_steps=[sum(r.skipped_steps for r in log.rounds) for log in logs],
-        fd_growth=fd_growth,
+        fd_peak=fd_peak,
         attacker_log=text,
         wall_s=time.monotonic() - t0,
     )

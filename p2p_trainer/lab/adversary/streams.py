@@ -9,11 +9,13 @@ attacker leaves; streams the peer closes are opened again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 from typing import Any
 
+import hivemind
 from hivemind.p2p import P2P, PeerID
 
 from p2p_trainer.lab.adversary.attacks import Attack
@@ -24,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 CLAIMED_BYTES = 1 << 20
 """The payload each stream announces: well under any peer's limit, never delivered."""
+OPEN_TIMEOUT_S = 5.0
+"""A victim not reachable yet (still starting) is tried again a second later."""
 
 
 async def _open(transport: Transport, victim: str) -> Any:
@@ -34,18 +38,34 @@ async def _open(transport: Transport, victim: str) -> Any:
     return reader, writer
 
 
+async def _ping(victims: list[str], _dht: hivemind.DHT, node: Any) -> None:
+    """Ping the victims through the DHT, so this node's p2p daemon learns their addresses."""
+    ids = [PeerID.from_base58(v) for v in victims]
+    await asyncio.gather(
+        *(node.protocol.call_ping(p, validate=False, strict=False) for p in ids), return_exceptions=True
+    )
+
+
 async def _top_up(transport: Transport, victim: str, held: list[Any], want: int) -> None:
     held[:] = [(r, w) for r, w in held if not (r.at_eof() or w.is_closing())]
     missing = want - len(held)
-    opened = await asyncio.gather(*(_open(transport, victim) for _ in range(missing)), return_exceptions=True)
+    opens = (asyncio.wait_for(_open(transport, victim), OPEN_TIMEOUT_S) for _ in range(missing))
+    opened = await asyncio.gather(*opens, return_exceptions=True)
+    failed = [s for s in opened if isinstance(s, BaseException)]
+    if failed:
+        logger.info("adversary: %d streams to %s failed: %r", len(failed), victim[-8:], failed[0])
     held.extend(s for s in opened if not isinstance(s, BaseException))
 
 
-def hold_streams(transport: Transport, victims: list[str], attack: Attack, stop: threading.Event) -> int:
+def hold_streams(
+    dht: hivemind.DHT, transport: Transport, victims: list[str], attack: Attack, stop: threading.Event
+) -> int:
     """Keep `attack.arg` endless streams open to each victim until `stop`; returns streams opened."""
     want, opened = int(attack.arg), 0
     held: dict[str, list[Any]] = {v: [] for v in victims}
     for tick in every(1.0, stop):
+        if tick % 10 == 0:
+            dht.run_coroutine(functools.partial(_ping, victims))
         for victim in victims:
             before = len(held[victim])
             try:

@@ -280,10 +280,34 @@ class RunDefinition:
     def decode(data: object) -> RunDefinition:
         record = unpack(data)
         fields = _field(record, "fields", dict)
+        if _depth(fields) > MAX_DEFINITION_DEPTH:
+            raise RecordError(f"fields nest deeper than {MAX_DEFINITION_DEPTH} levels")
         definition = RunDefinition(fields=fields)
-        if definition.digest != _field(record, "digest", str):
+        try:
+            digest = definition.digest
+        except (TypeError, ValueError) as e:  # bytes or other non-JSON values from a peer
+            raise RecordError(f"fields are not JSON-like: {e}") from None
+        if digest != _field(record, "digest", str):
             raise RecordError("digest does not match its fields")
         return definition
+
+
+MAX_DEFINITION_DEPTH = 8
+"""Nesting a run definition may have (ours has 2); deeper ones would only exhaust the stack."""
+
+
+def _depth(value: object) -> int:
+    """How deeply lists and maps nest in `value`, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_DEFINITION_DEPTH:
+                stack.extend(
+                    (child, level + 1) for child in (item.values() if isinstance(item, dict) else item)
+                )
+    return deepest
 
 
 def _flatten(fields: object, prefix: str = "") -> dict[str, object]:

@@ -233,6 +233,24 @@ def state_header(transport: Transport, donor: str, run_id: str, timeout_s: float
     return rnd, digest
 
 
+def check_state_header(header: dict[str, object], donor: str) -> tuple[int, tuple[float, float]] | Failed:
+    """A donor's state header: (round, (round_elapsed_s, step_s)), or why it cannot be used."""
+    if "error" in header:
+        return Failed(f"donor {donor[-8:]}: {str(header['error'])[:200]}")
+    rnd = header.get("round")
+    if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+        return Failed(f"donor {donor[-8:]} sent round {str(rnd)[:40]}")
+    raw = [header.get("round_elapsed_s", 0.0), header.get("step_s", 0.0)]
+    timing = [
+        float(v)
+        for v in raw
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e7
+    ]
+    if len(timing) != 2:
+        return Failed(f"donor {donor[-8:]} sent round timing {str(raw)[:80]}; expected seconds >= 0")
+    return rnd, (timing[0], timing[1])
+
+
 def download_state(
     transport: Transport,
     donor: str,
@@ -253,15 +271,10 @@ def download_state(
         )
     except Exception as exc:  # any transport error means: try another donor
         return Failed(f"download from {donor[-8:]} failed: {exc!r}")
-    if "error" in header:
-        return Failed(f"donor {donor[-8:]}: {header['error']}")
-    rnd = header.get("round")
-    if not isinstance(rnd, int) or rnd < 0:
-        return Failed(f"donor {donor[-8:]} sent round {rnd!r}")
-    raw = [header.get("round_elapsed_s", 0.0), header.get("step_s", 0.0)]
-    timing = [float(v) for v in raw if isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v < 1e7]
-    if len(timing) != 2:
-        return Failed(f"donor {donor[-8:]} sent round timing {raw!r}; expected seconds >= 0")
+    fields = check_state_header(header, donor)
+    if isinstance(fields, Failed):
+        return fields
+    rnd, timing = fields
     if len(payload) != 8 * numel or header.get("sha256") != hashlib.sha256(payload).hexdigest():
         return Failed(f"donor {donor[-8:]}: payload size or checksum mismatch")
     flat = torch.from_numpy(np.frombuffer(payload, dtype=np.float32).copy())

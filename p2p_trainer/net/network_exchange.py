@@ -185,10 +185,22 @@ class NetworkExchange:
                 reference,
             )
         )
-        return _NetworkPending(fut, like, taken, self._with_late)
+        annotate = self._with_late
+        if self.security.defences and request.reference is None and request.tag in BACKGROUND_TAGS:
+            annotate = self._unbounded  # this peer serves its part, but takes nothing unchecked
+        return _NetworkPending(fut, like, taken, annotate)
 
     def _observe_late(self, offset_s: float) -> None:
         self._late_s = max(self._late_s, offset_s)  # the transport's thread; a float store is atomic
+
+    def _unbounded(self, res: ExchangeResult) -> ExchangeResult:
+        """§10: a background model exchange with no reference to bound the others' values (the
+        first round after a join or a rejoin) keeps this peer's own tensors; the swarm's anchor it
+        just adopted is recent, and one round without Mix1 costs little."""
+        res = self._with_late(res)
+        if not isinstance(res, Ok):
+            return res
+        return Failed("no reference to bound the others' values yet (§10): own tensors kept", res.elapsed_s)
 
     def _with_late(self, res: ExchangeResult) -> ExchangeResult:
         late, self._late_s = self._late_s, 0.0

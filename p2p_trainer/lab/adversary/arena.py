@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 ATTACKER = -1
 """The attacker's key among `LocalSwarm.peers` (so that `stop` stops it with the peers)."""
-DONOR_ADVERTISE_S = 15.0
-"""How long the poisoned donor advertises itself: the honest peers' entry, not their training."""
+DONOR_ADVERTISE_S = 40.0
+"""How long the poisoned donor advertises itself: the honest peers' entry (which takes 20 s on a
+loaded machine), not much of their training."""
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ class SwarmView:
         self.status = PeerStatus()
         self._peers: list[records.Heartbeat] = []
         self._known: set[str] = set()
+        self._last_live: set[str] = set()
         self._left: set[str] = set()
         self._heard: Callable[[float], set[str]] | None = None
         self._suspects: Callable[[], set[str]] = set
@@ -169,8 +170,23 @@ class SwarmView:
             with self._lock:
                 left = set(self._left)
             ids |= self._heard(self.ttl_s) - left
-        gone = self._dead_here(beats) | reported_dead(beats, self.node.peer_id) | self._joining(beats)
-        return sorted(ids - gone)
+        dead, reported, joining = (
+            self._dead_here(beats),
+            reported_dead(beats, self.node.peer_id),
+            self._joining(beats),
+        )
+        live = sorted(ids - dead - reported - joining)
+        if set(live) != self._last_live:
+            logger.debug(
+                "live view: %s (heartbeats %s; left out: suspects %s, reported dead %s, joining %s)",
+                [p[-8:] for p in live],
+                sorted(b.peer_id[-8:] for b in beats),
+                sorted(p[-8:] for p in dead),
+                sorted(p[-8:] for p in reported),
+                sorted(p[-8:] for p in joining),
+            )
+            self._last_live = set(live)
+        return live
 
     def _joining(self, beats: list[records.Heartbeat]) -> set[str]:
         """Peers whose heartbeat still says round 0 (starting, or downloading the swarm's state

@@ -62,13 +62,14 @@ def late_join(
         # heartbeats say the rounds per second (throughput / tokens per round) of their peers
         rounds_per_s = max((h.throughput_tokens_per_s for h in beats), default=0.0) / tokens_per_round
         slack = heartbeat_lag_rounds(rounds_per_s, 2 * view.period_s)
-        donors = donor_order(transport.peer_id, [(h.peer_id, h.round) for h in beats], slack)
+        median = median_round([h.round for h in beats])
+        donors = _plausible_donors(peer, beats, median, donor_order(transport.peer_id, _rounds(beats), slack))
         if not donors and time.monotonic() >= donor_deadline:
             return False
         attempt += 1
         if donors:
             faults.reached("download", attempt)
-        got = _download_from(peer, transport, run_id, donors, median_round([h.round for h in beats]))
+        got = _download_from(peer, transport, run_id, donors, median)
         if not isinstance(got, list):
             state, donor = got
             skip = catch_up_steps(state, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
@@ -78,6 +79,28 @@ def late_join(
         if donors and time.monotonic() > deadline:
             raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
         time.sleep(2.0)
+
+
+def _rounds(beats: list[Heartbeat]) -> list[tuple[str, int]]:
+    return [(h.peer_id, h.round) for h in beats]
+
+
+def _plausible_donors(peer: Peer, beats: list[Heartbeat], median: int | None, donors: list[str]) -> list[str]:
+    """`donors` without those whose advertised round no honest peer of this run could be at (with
+    the defences on): a forged heartbeat at a huge round must not send every joiner after a donor
+    that serves nothing, and when only such donors are in sight the swarm has not started."""
+    sec = peer.cfg.security
+    if not sec.defences:
+        return donors
+    rounds = dict(_rounds(beats))
+    kept = []
+    for donor in donors:
+        why = round_refusal(rounds.get(donor, 0), median, peer.cfg.rounds, sec.round_window)
+        if why is None:
+            kept.append(donor)
+        else:
+            logger.warning("not asking %s for the swarm's state: its %s", donor[-8:], why)
+    return kept
 
 
 def _download_from(

@@ -3,8 +3,9 @@
 Each attack runs twice. With the defences on (`[security] defences = true`, the default), the
 honest peers must finish every round (exit 0, no hang) with a final validation loss within 3% of
 a clean run of the same length (three honest peers, no attacker; one run for the module). With
-the defences off, the same attack must measurably hurt them, which shows the attack is real:
-those arms are benches (`make bench-check`), to keep `make test` short. Every arm prints its
+the defences off, the same attack must measurably hurt them, which shows the attack is real.
+To keep `make test` short it runs five defended arms (`IN_MAKE_TEST`); every other arm is a bench
+(`make bench-check`). Every arm prints its
 measurements (run with `-s`); docs/security-results.md has the table.
 """
 
@@ -40,6 +41,13 @@ STREAMS = 200
 OTHERS = ["donor", f"streams:{STREAMS}"]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
+IN_MAKE_TEST = ["flip:10", "owner:10", "impersonate", "huge-round", "donor"]
+"""The defended arms `make test` runs: a contribution, a part owner's result, a forged record, a
+forged round and a poisoned donor (about a minute each). The other defended arms, and every
+undefended one, run under `make bench-check`; `streams:200` is open there (its descriptors are not
+yet bounded, docs/security-results.md)."""
+DEFENDED = [name if name in IN_MAKE_TEST else pytest.param(name, marks=pytest.mark.bench) for name in ATTACKS]
+
 ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "ready", "streams": "holding"}
 """A line the attacker logs once it has made its attack."""
 
@@ -66,7 +74,7 @@ def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outc
     return out
 
 
-@pytest.mark.parametrize("name", ATTACKS)
+@pytest.mark.parametrize("name", DEFENDED)
 def test_defended_swarm_trains_on(tmp_path: Path, name: str, clean: Outcome) -> None:
     out = _attacked(tmp_path, name, True, clean)
     assert out.finished, f"an honest peer crashed or hung: {out.row(clean.mean_loss)}"

@@ -38,7 +38,8 @@ test: lint typecheck
 	$(BIN)/pytest -q -rs --durations=15 -m "not bench" tests
 
 # the benchmarks' own end-to-end runs and quality targets (quick WAN head-to-head, loss under
-# churn, per-token ordering of the methods: ~25 min, the WAN one as root)
+# churn, per-token ordering of the methods, the attack arms not in make test: about an hour, the
+# WAN one as root)
 bench-check: setup
 	$(BIN)/pytest -q -rs -m bench tests
 

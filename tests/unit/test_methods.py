@@ -13,6 +13,7 @@ from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grac
 from p2p_trainer.config import ExchangeConfig, OuterConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok, PendingExchange
+from tests.unit.fake_exchanges import Finished
 
 
 def _peers(n: int, seed: int = 0) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
@@ -144,9 +145,9 @@ class _Recorder:
     def __init__(self) -> None:
         self.requests: list[ExchangeRequest] = []
 
-    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> _Done:
+    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> Finished:
         self.requests.append(request)
-        return _Done(tensors)
+        return Finished(tensors)
 
     def average(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> Ok:
         self.requests.append(request)
@@ -157,17 +158,6 @@ class _Recorder:
 
     def close(self) -> None:
         pass
-
-
-class _Done:
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.tensors = tensors
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout_s: float) -> Ok:
-        return Ok(list(self.tensors), group_size=2, total_weight=2.0)
 
 
 def test_mix1_waits_for_its_partner_all_round_even_after_a_long_mix2_shrank_the_grace_window() -> None:

@@ -28,6 +28,7 @@ from p2p_trainer.exchange.interface import ZERO, ExchangeRequest, ExchangeResult
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
 from p2p_trainer.net.robust import Defence, PartChecks, Penalties, Scale, merge
 from p2p_trainer.net.transport import Mailbox, Message, SenderQuota, Transport, encode_header
+from tests.unit.fake_exchanges import Finished
 
 SIZE = 60
 HONEST = ("a", "b")
@@ -305,9 +306,9 @@ class _Requests:
     def __init__(self) -> None:
         self.seen: list[tuple[ExchangeRequest, list[torch.Tensor]]] = []
 
-    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _Echo:
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> Finished:
         self.seen.append((request, list(tensors)))
-        return _Echo(list(tensors))
+        return Finished(list(tensors))
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> Ok:
         return self.start(tensors, request).result(0.0)
@@ -317,17 +318,6 @@ class _Requests:
 
     def close(self) -> None:
         return None
-
-
-class _Echo:
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.tensors = tensors
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout_s: float) -> Ok:
-        return Ok(list(self.tensors), group_size=2, total_weight=2.0)
 
 
 def _rounds(method_name: str, rounds: int = 2, **outer: Any) -> tuple[list[OuterState], _Requests]:

@@ -227,10 +227,12 @@ def state_header(transport: Transport, donor: str, run_id: str, timeout_s: float
         header, _ = transport.run(_fetch(transport, donor, run_id, 0, timeout_s, header_only=True), timeout_s)
     except Exception as exc:  # any transport error: the donor cannot confirm
         return Failed(f"state header from {donor[-8:]} failed: {exc!r}")
-    rnd, digest = header.get("round"), header.get("sha256")
-    if "error" in header or not isinstance(rnd, int) or not isinstance(digest, str):
-        return Failed(f"donor {donor[-8:]} sent no state header: {str(header)[:200]}")
-    return rnd, digest
+    fields, digest = check_state_header(header, donor), header.get("sha256")
+    if isinstance(fields, Failed):
+        return fields
+    if not isinstance(digest, str):
+        return Failed(f"donor {donor[-8:]} sent no state hash: {str(header)[:200]}")
+    return fields[0], digest
 
 
 def check_state_header(header: dict[str, object], donor: str) -> tuple[int, tuple[float, float]] | Failed:

@@ -66,6 +66,12 @@ class Penalties:
             self._scores[peer] = (score, now)
         logger.warning("peer %s penalised (score %.1f): %s", peer[-8:], score, why)
 
+    def forgive(self, peers: Sequence[str]) -> None:
+        """Clear the penalties of `peers` (this peer adopted their state: it was the one that differed)."""
+        with self._lock:
+            for peer in peers:
+                self._scores.pop(peer, None)
+
     def excluded(self, peer: str) -> bool:
         now = self.clock()
         with self._lock:

@@ -14,9 +14,10 @@ left cleanly; a dead peer sends nothing, so it still drops out within `ttl_s`.
 
 A death is known sooner than that. A peer whose sends to X failed (X refused the connection:
 `health.py`) names X among the `suspects` of its heartbeat, and drops X from its own view at once;
-every other peer drops X when it reads a heartbeat naming it that is newer than X's own latest
-heartbeat. A heartbeat from X after the suspicion (X was restarted with its identity) brings it
-back everywhere. Groups are derived from the views, so the survivors agree on the new member list
+every other peer drops X when it reads a heartbeat naming it that is more than 1.5 periods newer
+than X's own latest heartbeat (X missed one), unless X's messages reached it within a period.
+A heartbeat from X after the suspicion (X was restarted with its identity) brings it back
+everywhere. Groups are derived from the views, so the survivors agree on the new member list
 within about one heartbeat period instead of keeping a dead member's slot in their groups for
 the whole TTL. A live peer named by mistake is back in view with its next heartbeat. Peers
 still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
@@ -55,13 +56,27 @@ class PeerStatus:
     """DHT time when this peer began `round` (0: not yet)."""
 
 
-def reported_dead(beats: list[records.Heartbeat], self_id: str) -> set[str]:
-    """Peers named as suspects in a heartbeat newer than their own latest one (never this peer)."""
+REPORT_MARGIN_PERIODS = 1.5
+"""How many heartbeat periods a suspect report must postdate the suspect's newest heartbeat."""
+
+
+def reported_dead(beats: list[records.Heartbeat], self_id: str, now: float, margin_s: float) -> set[str]:
+    """Peers named as suspects in a heartbeat more than `margin_s` newer than their own newest one
+    (never this peer).
+
+    A live peer publishes every period, so a report can postdate its newest heartbeat by about a
+    period without any death: without the margin, a peer that one other peer cannot reach (a
+    link it alone lost, a dial backoff) would flicker out of every view each time that peer
+    republishes, and the views would disagree on the groups. A report counts from no later than
+    this peer's clock, so a heartbeat stamped ahead (up to the clock skew the bounds allow) cannot
+    evict a peer that keeps publishing.
+    """
     latest = {h.peer_id: h.timestamp for h in beats}
     dead = set()
     for h in beats:
+        said = min(h.timestamp, now)
         for peer in h.suspects:
-            if peer != self_id and peer != h.peer_id and h.timestamp > latest.get(peer, 0.0):
+            if peer != self_id and peer != h.peer_id and said > latest.get(peer, 0.0) + margin_s:
                 dead.add(peer)
     return dead
 
@@ -170,11 +185,7 @@ class SwarmView:
             with self._lock:
                 left = set(self._left)
             ids |= self._heard(self.ttl_s) - left
-        dead, reported, joining = (
-            self._dead_here(beats),
-            reported_dead(beats, self.node.peer_id),
-            self._joining(beats),
-        )
+        dead, reported, joining = self._dead_here(beats), self.reported_dead(beats), self._joining(beats)
         live = sorted(ids - dead - reported - joining)
         if set(live) != self._last_live:
             logger.debug(
@@ -187,6 +198,14 @@ class SwarmView:
             )
             self._last_live = set(live)
         return live
+
+    def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:
+        """Peers other peers' heartbeats report dead (`reported_dead`), less those whose messages
+        reached this peer within a period: its own evidence outweighs another peer's report."""
+        beats = self.heartbeats() if beats is None else beats
+        heard = self._heard(self.period_s) if self._heard is not None else set()
+        margin_s = REPORT_MARGIN_PERIODS * self.period_s
+        return reported_dead(beats, self.node.peer_id, records.now(), margin_s) - heard
 
     def _joining(self, beats: list[records.Heartbeat]) -> set[str]:
         """Peers whose heartbeat still says round 0 (starting, or downloading the swarm's state

@@ -16,6 +16,7 @@ from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net import records
 from p2p_trainer.net.donor_check import confirmed_download, round_refusal
 from p2p_trainer.net.records import Heartbeat
+from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.state_sync import (
     DonorState,
     catch_up_steps,
@@ -146,6 +147,20 @@ def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> in
     return target if my_round - target >= 3 * lag_rounds else None
 
 
+def outvoted(others: dict[str, int], penalised: set[str]) -> list[str]:
+    """The live peers (id -> round) this peer penalises, when they are at least two and at least
+    half of the live others; otherwise none.
+
+    Honest peers whose models drifted apart (one trained alone behind a cut link for a while, at
+    the others' pace) fail each other's §10 bounds and penalise each other: every merge between
+    them is refused. Only a count tells which side differs: the peer that finds most of the swarm
+    out of bounds is the one that drifted, and adopts the swarm's state. One liar is never enough
+    to make an honest peer give up its state, and a donor's state is checked as any other.
+    """
+    against = sorted(p for p in others if p in penalised)
+    return against if len(against) >= 2 and 2 * len(against) >= len(others) else []
+
+
 def alone_rounds(previous: int, m: RoundMetrics) -> int:
     """Consecutive rounds in which this peer met its groups late or not at all (rounds without
     exchanges do not count).
@@ -182,9 +197,12 @@ class Rejoin:
         run_id: str,
         lag_rounds: int,
         tokens_per_round: int,
+        penalties: Penalties | None = None,
     ) -> None:
+        """`penalties`: this peer's §10 penalties (None: defences off), for `outvoted`."""
         self.peer, self.view, self.transport, self.run_id = peer, view, transport, run_id
         self.lag_rounds, self.tokens_per_round = lag_rounds, tokens_per_round
+        self.penalties = penalties
         self.alone = 0
 
     def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
@@ -208,10 +226,22 @@ class Rejoin:
             if h.peer_id != self.transport.peer_id
         }
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        against: list[str] = []
+        if target is None and self.penalties is not None:
+            against = outvoted(others, {p for p in others if self.penalties.excluded(p)})
+            if against:
+                rounds = sorted(others[p] for p in against)
+                target = rounds[len(rounds) // 2]
+                logger.info(
+                    "rejoin: %d of %d live peers fail this peer's bounds: its state drifted; adopting theirs",
+                    len(against),
+                    len(others),
+                )
         if target is None:
             return None
         left = peer.state.round
-        for donor in sorted(others, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:
+        candidates = against or list(others)
+        for donor in sorted(candidates, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:
             net = peer.cfg.network
             got = download_state(
                 self.transport,
@@ -232,7 +262,7 @@ class Rejoin:
             if refusal is not None:
                 logger.warning("rejoin: donor %s refused: %s", donor[-8:], refusal)
                 continue
-            if (got.round - left) * (target - left) <= 0:
+            if not against and (got.round - left) * (target - left) <= 0:
                 # heartbeats over-estimated the donor: its state is not in the direction we meant to go
                 logger.info(
                     "rejoin: donor %s is at round %d, not towards %d; kept own state",
@@ -243,6 +273,8 @@ class Rejoin:
                 continue
             skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
             adopt_state(peer, got, skip)
+            if against and self.penalties is not None:
+                self.penalties.forgive(against)  # their values were out of bounds of the drifted state
             logger.info(
                 "rejoined the swarm: round %d -> %d from %s, %d steps in", left, got.round, donor[-8:], skip
             )

@@ -28,7 +28,7 @@ from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.state_sync import StateServer
 from p2p_trainer.net.swarm_entry import join_swarm
-from p2p_trainer.net.swarm_view import SwarmView, reported_dead
+from p2p_trainer.net.swarm_view import SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
@@ -100,7 +100,7 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
             started.append(time.monotonic())
         settled = view.status.round > 0 and time.monotonic() - started[0] > 3 * period_s
         beats = view.heartbeats()
-        suspects = health.suspects() | reported_dead(beats, view.node.peer_id)
+        suspects = health.suspects() | view.reported_dead(beats)
         return [h.peer_id for h in beats if h.peer_id not in suspects and (h.round > 0 or not settled)]
 
     return live
@@ -242,7 +242,12 @@ def train_rounds(j: Joined, should_stop: Callable[[], bool]) -> None:
     exchange, as if the peer left there, and `finish` checkpoints the peer where it stopped.
     """
     cfg, peer = j.opts.run, j.peer
-    rejoin = Rejoin(peer, j.view, j.transport, cfg.run_id(), j.opts.rejoin_lag_rounds, j.tokens_per_round)
+    penalties = peer.exchange.penalties if isinstance(peer.exchange, NetworkExchange) else None
+    if not cfg.security.defences:
+        penalties = None
+    rejoin = Rejoin(
+        peer, j.view, j.transport, cfg.run_id(), j.opts.rejoin_lag_rounds, j.tokens_per_round, penalties
+    )
     regain = RegainSight(j.view)
     aligned = cfg.outer.align_rounds and not cfg.outer.target_tokens_per_round  # §6 fixes round tokens
     robust = cfg.security.defences  # one peer's claimed round start is not enough (align.py)

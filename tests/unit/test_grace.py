@@ -125,6 +125,17 @@ def test_rejoin_target_is_the_majority_round() -> None:
     assert rejoin_target(5, [20, 21], 0) is None
 
 
+def test_a_peer_outvoted_by_the_swarms_bounds_is_the_one_that_drifted() -> None:
+    from p2p_trainer.run.entry_paths import outvoted
+
+    others = {"a": 16, "b": 16}
+    assert outvoted(others, {"a", "b"}) == ["a", "b"]  # both others refuse this peer: it drifted
+    assert outvoted(others, {"a"}) == []  # one liar never makes an honest peer give up its state
+    assert outvoted({"a": 16}, {"a"}) == []  # two peers apart: nothing says which one drifted
+    assert outvoted({"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}, {"a", "b"}) == []  # a minority
+    assert outvoted({"a": 1, "b": 1, "c": 1, "d": 1}, {"a", "b", "x"}) == ["a", "b"]  # half of the live
+
+
 def test_alone_rounds_count_rounds_that_did_not_merge_fully() -> None:
     from p2p_trainer.algo.methods import RoundReport
     from p2p_trainer.round_log import ExchangeRecord

@@ -197,7 +197,9 @@ def test_view_keeps_peers_heard_from_but_not_those_that_left(dht: hivemind.DHT) 
 
         view.hear_from(heard)
         assert view.live_peers() == sorted([PEER_A, me, heard_only])
-        assert asked == [8.0]  # evidence as fresh as a heartbeat must be
+        # evidence as fresh as a heartbeat must be keeps a peer in view; one a period old outweighs
+        # another peer's report of its death
+        assert asked == [8.0, 60.0]
     finally:
         view.close()
 
@@ -207,7 +209,8 @@ def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_aga
 
     me, reporter = PEER_E, PEER_F
     t0 = records.now()
-    publish(dht, "death", heartbeat(PEER_A, timestamp=t0 - 2.0), ttl_s=30)
+    # the view's period is 60 s here: a report counts once it is 1.5 periods newer than A's heartbeat
+    publish(dht, "death", heartbeat(PEER_A, timestamp=t0 - 100.0), ttl_s=30)
     publish(dht, "death", heartbeat(reporter, timestamp=t0 - 1.0, suspects=(PEER_A, me)), ttl_s=30)
     mine: set[str] = set()
     view = SwarmView(_Node(dht, me), "death", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
@@ -231,3 +234,20 @@ def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_aga
         assert {b.peer_id: b for b in records.list_live_peers(dht, "death")}[me].suspects == ()
     finally:
         view.close()
+
+
+def test_a_report_must_postdate_the_suspects_heartbeat_by_a_margin_and_not_by_a_future_stamp() -> None:
+    from p2p_trainer.net.swarm_view import reported_dead
+
+    now = 1000.0
+    alive = heartbeat(PEER_A, timestamp=now - 1.0)  # it published a second ago: alive
+    near = heartbeat(PEER_B, timestamp=now, suspects=(PEER_A,))
+    assert reported_dead([alive, near], PEER_E, now, margin_s=3.0) == set()
+    silent = heartbeat(PEER_A, timestamp=now - 5.0)  # missed its last heartbeats
+    assert reported_dead([silent, near], PEER_E, now, margin_s=3.0) == {PEER_A}
+    # a report stamped ahead of this peer's clock counts from now, not from its stamp
+    ahead = heartbeat(PEER_B, timestamp=now + 50.0, suspects=(PEER_A,))
+    assert reported_dead([alive, ahead], PEER_E, now, margin_s=3.0) == set()
+    # nobody reports this peer or itself dead to it
+    selfish = heartbeat(PEER_B, timestamp=now, suspects=(PEER_B, PEER_E))
+    assert reported_dead([selfish], PEER_E, now + 100.0, margin_s=3.0) == set()

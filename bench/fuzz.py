@@ -5,8 +5,8 @@ inputs and prints a table (target, cases, seconds, rejections by error type); it
 any input raised anything but the decoder's own error type. `tests/unit/test_fuzz.py` runs the same
 targets with a few hundred cases each in `make test`.
 
-The decoders (stream headers, contribution messages, DHT record bodies, signed envelopes, donor
-state headers) must either return a value or raise their own error type, for any bytes or any
+The decoders (stream headers, contribution messages, DHT record bodies, signed envelopes,
+invitations, donor state headers) must either return a value or raise their own error type, for any bytes or any
 well-formed map with hostile fields. The consumers (view bounds, round alignment, rejoin target,
 the estimate of a peer's round, donor order and refusal) get whatever heartbeat a decoder accepts,
 with every numeric field anywhere in its valid range, and must neither raise nor return something
@@ -28,8 +28,10 @@ import nacl.signing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.net import envelope, records
+from p2p_trainer.net.admission import Admission, Invitation, InvitationError, issue
 from p2p_trainer.net.align import steps_late
 from p2p_trainer.net.donor_check import round_refusal
 from p2p_trainer.net.identity import B58_ALPHABET
@@ -139,6 +141,25 @@ def fuzz_envelope(raw: bytes, flips: list[int]) -> None:
         envelope.open_verified(bytes(data), "p2p-trainer/fuzz/peers", None, 1e9)
 
 
+_OWNER = nacl.signing.SigningKey(bytes(range(1, 33)))
+_INVITATION = issue(_OWNER, "fuzz", "12D3KooWfuzz", 4e9).encode()
+_ADMISSION = Admission(
+    SecurityConfig(admission="invitations", owners=(envelope.Signer(_OWNER).peer_id,)), "fuzz"
+)
+
+
+def fuzz_invitation(text: str, flips: list[int]) -> None:
+    chars = list(text if text else _INVITATION)
+    for at in flips:  # changed characters of a valid invitation reach the signature check
+        if chars:
+            chars[at % len(chars)] = chr(ord(chars[at % len(chars)]) ^ 1)
+    mutated = "".join(chars)
+    with contextlib.suppress(InvitationError):
+        Invitation.decode(mutated).verify()
+    why = _ADMISSION.refusal("12D3KooWfuzz", mutated, now=1e9)
+    assert why is None or isinstance(why, str), why
+
+
 def fuzz_state_header(header: dict[str, Any]) -> None:
     out = check_state_header(header, "12D3KooWfuzz")
     assert isinstance(out, Failed) or (out[0] >= 0 and all(0 <= t < 1e7 for t in out[1])), out
@@ -180,6 +201,10 @@ TARGETS: dict[str, tuple[Callable[..., None], tuple[st.SearchStrategy[Any], ...]
             ),
             st.lists(st.integers(0, 10_000), max_size=4),
         ),
+    ),
+    "invitation": (
+        fuzz_invitation,
+        (st.one_of(st.just(""), st.text(max_size=600)), st.lists(st.integers(0, 10_000), max_size=3)),
     ),
     "state header": (
         fuzz_state_header,

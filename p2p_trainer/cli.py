@@ -25,6 +25,7 @@ from p2p_trainer.cli_options import (
 from p2p_trainer.config import ConfigError, RunConfig, load_config, to_toml
 from p2p_trainer.lab.sim.command import simulate
 from p2p_trainer.logs import setup_logging
+from p2p_trainer.net.admission_commands import identity, invite
 from p2p_trainer.net.bootstrap_command import bootstrap
 from p2p_trainer.net.node_defaults import DEFAULT_PEER_IDENTITY
 from p2p_trainer.net.signals import install_stop_handlers
@@ -57,7 +58,26 @@ def main(log_level: str) -> None:
 
 
 main.add_command(bootstrap)
+main.add_command(invite)
+main.add_command(identity)
 main.add_command(simulate)
+
+
+def _read_invitation(path: str | None) -> str:
+    """The invitation text in `path` ("" without one); a bad file is a usage error."""
+    if path is None:
+        return ""
+    try:
+        text = Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read the invitation: {exc}", param_hint="--invitation") from None
+    from p2p_trainer.net.admission import Invitation, InvitationError
+
+    try:
+        Invitation.decode(text)
+    except InvitationError as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--invitation") from None
+    return text
 
 
 def _kill_point(text: str | None) -> tuple[FaultPoint, int] | None:
@@ -129,6 +149,12 @@ def show_config(config: str | None, method: str | None, rounds: int | None, seed
     type=click.Path(file_okay=False),
     help="Test tool: write each exchange's contribution and result to DIR.",
 )
+@click.option(
+    "--invitation",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help='Invitation file from `p2p-trainer invite` (swarms with security.admission = "invitations").',
+)
 def join(
     config: str | None,
     method: str | None,
@@ -152,11 +178,13 @@ def join(
     kill_self_at: str | None,
     snapshot_every: int,
     record_exchanges: str | None,
+    invitation: str | None,
 ) -> None:
     """Join a swarm as a training peer."""
     import torch
 
     from p2p_trainer.net.addresses import AddressError
+    from p2p_trainer.net.admission import InvitationError
     from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
     from p2p_trainer.net.identity import IdentityError
     from p2p_trainer.net.records import RunDefinitionMismatch
@@ -191,6 +219,7 @@ def join(
         kill_self_at=_kill_point(kill_self_at),
         snapshot_every=snapshot_every,
         record_exchanges=Path(record_exchanges) if record_exchanges else None,
+        invitation=_read_invitation(invitation),
     )
     try:
         code = run_peer(opts, stop)
@@ -203,6 +232,7 @@ def join(
         RunDefinitionMismatch,
         DataError,
         ConfigError,
+        InvitationError,
     ) as exc:
         raise click.ClickException(str(exc)) from None
     signum = stopped_by()

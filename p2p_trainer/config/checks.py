@@ -52,6 +52,11 @@ def _convert(value: object, hint: Any, name: str) -> object:
                 errors.append(str(exc).split(": ", 1)[-1])
         optional = " or unset" if type(None) in members else ""
         raise ConfigError(f"{name}={value!r}: {' or '.join(errors)}{optional}")
+    if origin is tuple and get_args(hint)[1:] == (Ellipsis,):
+        require(isinstance(value, tuple | list), f"{name}={value!r}: expected a list")
+        assert isinstance(value, tuple | list)
+        item = get_args(hint)[0]
+        return tuple(_convert(v, item, f"{name}[{i}]") for i, v in enumerate(value))
     if origin is tuple:
         items = get_args(hint)
         ok = isinstance(value, tuple | list) and len(value) == len(items)

@@ -179,6 +179,9 @@ class RunConfig:
         }
         if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
             definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
+        admission = self.security.admission_definition()
+        if admission is not None:  # a closed swarm's peers must agree on who is let in
+            definition["admission"] = admission
         return definition
 
     def run_id(self) -> str:

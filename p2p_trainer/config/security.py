@@ -13,6 +13,16 @@ from typing import Literal
 from p2p_trainer.config.checks import check_fields, require
 
 RobustMean = Literal["mean", "trimmed", "centred-clip"]
+AdmissionMode = Literal["open", "allow-list", "invitations"]
+_B58 = set("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
+
+
+def _peer_ids(name: str, ids: tuple[str, ...]) -> None:
+    for i, peer in enumerate(ids):
+        require(
+            peer.startswith("12D3KooW") and 40 <= len(peer) <= 64 and set(peer) <= _B58,
+            f"{name}[{i}]={peer!r}: expected an Ed25519 peer id (12D3KooW..., as `join` logs it)",
+        )
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,14 @@ class SecurityConfig:
     """Most incoming streams one sender may have open at once; further ones are closed unread."""
     stream_read_timeout_s: float = 60.0
     """Longest an incoming message may take to arrive whole; a stream that stalls is closed."""
+    admission: AdmissionMode = "open"
+    """Who may train in this swarm (`net/admission.py`): `open` (any validly signed peer),
+    `allow-list` (the peer ids in `allow`) or `invitations` (peers holding an invitation signed by
+    one of the `owners`, from `p2p-trainer invite`). Part of the run definition when not open."""
+    allow: tuple[str, ...] = ()
+    """Peer ids admitted with `admission = "allow-list"`."""
+    owners: tuple[str, ...] = ()
+    """Peer ids of the owner keys whose invitations admit a peer with `admission = "invitations"`."""
 
     def __post_init__(self) -> None:
         check_fields(self, "security")
@@ -108,3 +126,23 @@ class SecurityConfig:
             self.stream_read_timeout_s > 0,
             f"security.stream_read_timeout_s={self.stream_read_timeout_s}: use a positive value",
         )
+        _peer_ids("security.allow", self.allow)
+        _peer_ids("security.owners", self.owners)
+        require(
+            self.admission != "allow-list" or bool(self.allow),
+            'security.admission="allow-list" admits nobody: list the peer ids in security.allow',
+        )
+        require(
+            self.admission != "invitations" or bool(self.owners),
+            'security.admission="invitations" needs security.owners: the peer ids of the owner keys',
+        )
+        require(
+            self.admission == "open" or self.defences,
+            "a closed swarm (security.admission) needs security.defences = true: they check signatures",
+        )
+
+    def admission_definition(self) -> dict[str, object] | None:
+        """What every peer of a closed swarm must agree on (in the run definition); None if open."""
+        if self.admission == "open":
+            return None
+        return {"mode": self.admission, "allow": sorted(self.allow), "owners": sorted(self.owners)}

@@ -222,6 +222,7 @@ REASONS = (
     "expiry",
     "implausible",
     "replay",
+    "not-admitted",
 )
 """Why a record was dropped: the counters' names."""
 

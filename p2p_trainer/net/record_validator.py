@@ -31,7 +31,7 @@ def body_owner(key: str, body: bytes) -> str | None:
     """The peer id a heartbeat or liveness body names (None for bodies that name none)."""
     if key.startswith(f"{envelope.KEY_PREFIX}/identity/") or key.endswith("/peers"):
         try:
-            fields = msgpack.unpackb(body, raw=False, max_bin_len=0, max_str_len=envelope.MAX_KEY_CHARS)
+            fields = msgpack.unpackb(body, raw=False, max_bin_len=0, max_str_len=envelope.MAX_BODY_BYTES)
         except Exception:
             raise EnvelopeError("body", "body is not msgpack") from None
         peer = fields.get("peer_id") if isinstance(fields, dict) else None

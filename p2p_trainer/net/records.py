@@ -145,9 +145,14 @@ class Heartbeat:
     suspects: tuple[str, ...] = ()
     """Peers this one has just failed to reach (`health.py`): the others leave them out of their
     groups until they publish a newer heartbeat, so a death spreads in one heartbeat period."""
+    invitation: str = ""
+    """This peer's invitation to a swarm with `admission = "invitations"` (`admission.py`); "" otherwise."""
 
     def encode(self) -> bytes:
-        return pack(asdict(self))
+        fields = asdict(self)
+        if not self.invitation:  # most swarms are open: their heartbeats carry no invitation field
+            del fields["invitation"]
+        return pack(fields)
 
     @staticmethod
     def decode(data: object) -> Heartbeat:
@@ -171,6 +176,7 @@ class Heartbeat:
             if "round_started" in fields
             else 0.0,
             suspects=_suspects(fields.get("suspects", [])),
+            invitation=_invitation(fields.get("invitation", "")),
         )
 
 
@@ -185,6 +191,16 @@ def _suspects(value: object) -> tuple[str, ...]:
         if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_STR or not set(peer) <= set(B58_ALPHABET):
             raise RecordError(f"field 'suspects' holds {peer!r}, not a base58 peer id")
     return tuple(value)
+
+
+MAX_INVITATION_CHARS = 512
+"""Longest invitation a heartbeat may carry (`admission.py`; a real one is about 260 characters)."""
+
+
+def _invitation(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_INVITATION_CHARS:
+        raise RecordError(f"field 'invitation' must be text of at most {MAX_INVITATION_CHARS} characters")
+    return value
 
 
 def _check_heartbeat(heartbeat: Heartbeat) -> Heartbeat:

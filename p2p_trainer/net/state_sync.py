@@ -91,6 +91,8 @@ class StateServer:
         self.snapshot: StateSnapshot | None = None
         self.faults = faults
         self.served = 0
+        self.admits: Callable[[str], bool] = lambda _: True
+        """Whether to serve a sender at all (a closed swarm serves only admitted peers)."""
         transport.run(transport.add_request_handler(STATE_PROTOCOL, self._serve), timeout_s=30)
 
     def publish(self, state: OuterState, step_s: float | None = None, elapsed_s: float = 0.0) -> None:
@@ -102,6 +104,11 @@ class StateServer:
         )
 
     async def _serve(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.admits(sender):
+            await P2P.send_raw_data(
+                encode_header({"key": "state", "error": "not admitted to this swarm"}), writer
+            )
+            return
         request = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
         snap = self.snapshot
         if request.get("run") != self.run_id or snap is None:

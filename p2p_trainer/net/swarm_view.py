@@ -22,7 +22,8 @@ within about one heartbeat period instead of keeping a dead member's slot in the
 the whole TTL. A live peer named by mistake is back in view with its next heartbeat. Peers
 still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
 
-Only heartbeats signed by their own peer count (`envelope.py`), and with the security defences on
+Only heartbeats signed by their own peer count (`envelope.py`), in a closed swarm only those of
+admitted peers (`admission.py`), and with the security defences on
 the view believes them only within bounds relative to its own state (`view_bounds.py`): every
 consumer of `heartbeats()` (groups, alignment, donor choice, rejoin) sees the bounded list.
 """
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from p2p_trainer import __version__
 from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records
+from p2p_trainer.net.admission import Admission
 from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
 
@@ -89,11 +91,15 @@ class SwarmView:
         period_s: float = NetworkConfig.view_period_s,
         ttl_s: float = NetworkConfig.heartbeat_ttl_s,
         security: SecurityConfig | None = None,
+        invitation: str = "",
     ) -> None:
+        """`invitation`: this peer's, carried in its heartbeat (`admission.py`)."""
         self.node, self.run_name = node, run_name
+        self.invitation = invitation
         self.period_s, self.ttl_s = period_s, ttl_s
         sec = security or SecurityConfig()
         self.defences = sec.defences
+        self.admission = Admission(sec, run_name)
         self._bounds = HeartbeatBounds(sec.round_window, sec.clock_skew_s, sec.max_throughput_tokens_per_s)
         self._replays = ReplayFilter(forget_after_s=ttl_s)
         self.status = PeerStatus()
@@ -125,6 +131,7 @@ class SwarmView:
             leaving=leaving,
             round_started=st.round_started,
             suspects=tuple(sorted(self._dead_here(self.heartbeats())))[: records.MAX_SUSPECTS],
+            invitation=self.invitation,
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str]]:
@@ -132,6 +139,8 @@ class SwarmView:
         now = records.now()
         read = records.read_heartbeats(self.node, self.run_name, verify=self.defences)
         beats = [beat for beat, expiration in read if expiration >= now or beat.leaving]
+        if not self.admission.open:  # a refused peer's claims (rounds included) count for nothing
+            beats = [b for b in beats if self.admission.admits(b.peer_id, b.invitation)]
         if self.defences:
             beats = bound_heartbeats(beats, self.status.round, now, self._bounds, self._replays)
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}

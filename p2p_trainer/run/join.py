@@ -21,6 +21,7 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.net import records
+from p2p_trainer.net.admission import Admission, check_self
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig, NetNode
 from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
@@ -82,6 +83,8 @@ class JoinOptions:
     """Save φ to run_dir/snapshots every this many rounds (0: never), for evaluation after the run."""
     record_exchanges: Path | None = None
     """Test tool: write every exchange's contribution and result here (`net/exchange_tap.py`)."""
+    invitation: str = ""
+    """This peer's invitation (`p2p-trainer invite`) to a swarm with `admission = "invitations"`."""
 
 
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
@@ -119,6 +122,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     )
     with contextlib.ExitStack() as leave:  # closes what the stages opened, in reverse, however they end
         leave.callback(node.shutdown)
+        check_self(Admission(opts.run.security, opts.swarm), node.peer_id, opts.invitation)
         rejoining = trained_before(opts.run_dir / "metrics.jsonl")
         metrics = MetricsWriter(opts.run_dir / "metrics.jsonl")
         leave.callback(metrics.close)
@@ -162,7 +166,7 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
     transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024, security=cfg.security)
     leave.callback(transport.close)
     net = opts.run.network
-    view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security)
+    view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation)
     leave.callback(view.close)
     tokens_per_round = max(
         cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len,
@@ -198,6 +202,8 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
         faults=faults,
     )
     server = StateServer(transport, run_id, faults)
+    if not view.admission.open:  # the view holds only admitted peers' heartbeats (a joiner's too)
+        server.admits = lambda sender: any(h.peer_id == sender for h in view.heartbeats())
     joined = Joined(
         opts, node, transport, view, peer, server, faults, metrics, tokens_per_round, time.monotonic()
     )

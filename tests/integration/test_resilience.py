@@ -313,7 +313,7 @@ def test_partitioned_peer_is_left_out_then_merges_again(
             run_dir=tmp_path / f"peer{i}",
             host=tb.address(f"h{i + 1}"),
             wait_for_peers=3,
-            extra=("--port", str(PORT), "--minutes", "0.7"),
+            extra=("--port", str(PORT), "--minutes", "0.9"),
         )
         peers.append(
             _in_host(tb, f"h{i + 1}", join_argv(args, " ".join(initial)), tmp_path / f"peer{i}" / "log.txt")
@@ -323,6 +323,7 @@ def test_partitioned_peer_is_left_out_then_merges_again(
     cut_at = len(rounds_of(tmp_path, 0))
     time.sleep(12.0)
     tb.heal("h3")
+    healed_at = time.time()
     assert len(rounds_of(tmp_path, 0)) > cut_at + 3, "survivors did not keep training during the cut"
     deadline = time.monotonic() + 150
     while any(p.poll() is None for p in peers) and time.monotonic() < deadline:
@@ -341,5 +342,11 @@ def test_partitioned_peer_is_left_out_then_merges_again(
     rejoined = read_log(tmp_path / "peer2" / "metrics.jsonl").rejoins
     print(f"the cut-off peer rejoined by download: {rejoined}")
     for i in range(3):
-        # the peers stop by wall time, a few rounds apart: judge the rounds before the last four
-        assert _merged_share(rounds_of(tmp_path, i)[-12:-4]) >= 0.6, f"peer{i} does not merge at the end"
+        # Judged: the rounds that ended once the views could have settled after the heal (a
+        # heartbeat TTL, then a rejoin), but for the last two (the peers stop by wall time, a
+        # round or two apart). A fixed count of last rounds would reach back into the cut when
+        # rounds are slow.
+        late = [r for r in rounds_of(tmp_path, i) if r.unix_time >= healed_at + cfg.network.heartbeat_ttl_s]
+        judged = late[:-2]
+        assert len(judged) >= 4, f"peer{i}: only {len(judged)} rounds after the heal"
+        assert _merged_share(judged) >= 0.6, f"peer{i} does not merge at the end: {_merged(judged)}"

@@ -1,0 +1,194 @@
+"""Admission: which peers a swarm lets in (SECURITY.md, "Admission").
+
+`security.admission` is one of
+
+- `open`: any peer whose records are validly signed (the default);
+- `allow-list`: only the peer ids in `security.allow`;
+- `invitations`: peers holding an invitation signed by one of the swarm owners in
+  `security.owners`. An owner is an identity key like any node's; `p2p-trainer invite` signs, with
+  it, the swarm's name, the invited peer id and an expiry. The invited peer passes the file to
+  `join --invitation` and carries the invitation in every heartbeat, so each peer checks it for
+  itself: no coordinator is asked, and an owner need not be online.
+
+A peer that is not admitted never enters a view (its heartbeats are dropped and counted as
+"not-admitted"), so it is in nobody's groups and its exchange streams are closed unread (the
+transport takes messages only from the live view); the state server refuses it too. A joiner that
+would be refused learns it before it starts (`check_self`), with what to change.
+
+An invitation is bound to one peer id, and heartbeats are signed by their peer's key, so a copied
+invitation admits nobody else. It is not secret; what it admits is listed, not guessed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import msgpack
+import nacl.exceptions
+import nacl.signing
+
+from p2p_trainer.config.security import SecurityConfig
+from p2p_trainer.net.envelope import READ_DROPS
+from p2p_trainer.net.identity import peer_id_from_public_key
+from p2p_trainer.net.records import MAX_INVITATION_CHARS
+
+logger = logging.getLogger(__name__)
+
+DOMAIN = b"p2p-trainer/invitation/v1\x00"
+_MAX_NAME_CHARS = 128
+
+
+class InvitationError(ValueError):
+    """Not a well-formed, validly signed invitation; the message says why."""
+
+
+@dataclass(frozen=True)
+class Invitation:
+    """An owner's signed statement: `peer_id` may train in `swarm` until `expires` (unix time)."""
+
+    swarm: str
+    peer_id: str
+    expires: float
+    owner_public_key: bytes
+    signature: bytes
+
+    @property
+    def owner(self) -> str:
+        """The owner's peer id."""
+        return peer_id_from_public_key(self.owner_public_key)
+
+    def encode(self) -> str:
+        fields = {
+            "s": self.swarm,
+            "p": self.peer_id,
+            "e": self.expires,
+            "o": self.owner_public_key,
+            "g": self.signature,
+        }
+        return base64.urlsafe_b64encode(msgpack.packb(fields, use_bin_type=True)).decode()
+
+    @staticmethod
+    def decode(text: str) -> Invitation:
+        """Parse (not verify) an invitation; raises `InvitationError` for anything malformed."""
+        if not isinstance(text, str) or not 0 < len(text) <= MAX_INVITATION_CHARS:
+            raise InvitationError(f"an invitation is 1 to {MAX_INVITATION_CHARS} characters of text")
+        try:
+            raw = base64.urlsafe_b64decode(text.strip().encode("ascii"))
+            fields = msgpack.unpackb(raw, raw=False, max_str_len=_MAX_NAME_CHARS, max_bin_len=64)
+        except (ValueError, binascii.Error, msgpack.ExtraData, UnicodeEncodeError):
+            raise InvitationError("not an invitation written by `p2p-trainer invite`") from None
+        except Exception:  # msgpack raises several types for malformed input
+            raise InvitationError("not an invitation written by `p2p-trainer invite`") from None
+        if not isinstance(fields, dict):
+            raise InvitationError("not an invitation written by `p2p-trainer invite`")
+        swarm, peer, expires = fields.get("s"), fields.get("p"), fields.get("e")
+        owner, signature = fields.get("o"), fields.get("g")
+        if not (isinstance(swarm, str) and isinstance(peer, str) and isinstance(expires, int | float)):
+            raise InvitationError("an invitation names a swarm, a peer id and an expiry")
+        if not (isinstance(owner, bytes) and len(owner) == 32 and isinstance(signature, bytes)):
+            raise InvitationError("an invitation carries an owner's 32-byte key and its signature")
+        if len(signature) != 64:
+            raise InvitationError("an invitation's signature has 64 bytes")
+        return Invitation(swarm, peer, float(expires), owner, signature)
+
+    def verify(self) -> None:
+        """Raise `InvitationError` unless the owner's key signed exactly this invitation."""
+        try:
+            nacl.signing.VerifyKey(self.owner_public_key).verify(_message(self), self.signature)
+        except (nacl.exceptions.BadSignatureError, nacl.exceptions.CryptoError):
+            raise InvitationError("its signature does not verify with the owner key it names") from None
+
+
+def _message(inv: Invitation) -> bytes:
+    body = msgpack.packb([inv.swarm, inv.peer_id, inv.expires], use_bin_type=True)
+    return DOMAIN + bytes(body)
+
+
+def issue(owner_key: nacl.signing.SigningKey, swarm: str, peer_id: str, expires: float) -> Invitation:
+    """An invitation for `peer_id` to `swarm` until `expires`, signed with `owner_key`."""
+    if not 0 < len(swarm) <= _MAX_NAME_CHARS or not 0 < len(peer_id) <= _MAX_NAME_CHARS:
+        raise InvitationError(f"a swarm name and a peer id have 1 to {_MAX_NAME_CHARS} characters")
+    unsigned = Invitation(swarm, peer_id, float(expires), bytes(owner_key.verify_key), b"")
+    signature = owner_key.sign(_message(unsigned)).signature
+    return Invitation(swarm, peer_id, float(expires), unsigned.owner_public_key, signature)
+
+
+class Admission:
+    """This peer's admission rule for one swarm; `refusal` says why a peer is not admitted."""
+
+    def __init__(self, cfg: SecurityConfig, swarm: str) -> None:
+        self.mode, self.swarm = cfg.admission, swarm
+        self.allow, self.owners = frozenset(cfg.allow), frozenset(cfg.owners)
+        self._checked: dict[tuple[str, str], tuple[str | None, float]] = {}
+        self._reported: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> bool:
+        return self.mode == "open"
+
+    def refusal(self, peer_id: str, invitation: str = "", now: float | None = None) -> str | None:
+        """Why `peer_id` (carrying `invitation`) may not train in this swarm, or None."""
+        if self.mode == "open":
+            return None
+        if self.mode == "allow-list":
+            return None if peer_id in self.allow else "its peer id is not on the swarm's allow-list"
+        now = time.time() if now is None else now
+        with self._lock:
+            cached = self._checked.get((peer_id, invitation))
+        if cached is not None and (cached[0] is not None or now < cached[1]):
+            return cached[0]
+        why, expires = self._check_invitation(peer_id, invitation, now)
+        with self._lock:
+            if len(self._checked) > 4096:  # a flood of distinct invitations only costs checks
+                self._checked.clear()
+            self._checked[(peer_id, invitation)] = (why, expires)
+        return why
+
+    def _check_invitation(self, peer_id: str, text: str, now: float) -> tuple[str | None, float]:
+        if not text:
+            return "it carries no invitation", 0.0
+        try:
+            inv = Invitation.decode(text)
+            inv.verify()
+        except InvitationError as exc:
+            return f"its invitation is invalid: {exc}", 0.0
+        if inv.owner not in self.owners:
+            return f"its invitation is signed by {inv.owner[-8:]}, not by an owner of this swarm", 0.0
+        if inv.swarm != self.swarm:
+            return f"its invitation is for swarm {inv.swarm!r}, not {self.swarm!r}", 0.0
+        if inv.peer_id != peer_id:
+            return f"its invitation is for peer {inv.peer_id[-8:]}", 0.0
+        if inv.expires <= now:
+            return "its invitation has expired", 0.0
+        return None, inv.expires
+
+    def admits(self, peer_id: str, invitation: str = "") -> bool:
+        """`refusal` is None; a refusal is counted and logged once per peer."""
+        why = self.refusal(peer_id, invitation)
+        if why is None:
+            return True
+        READ_DROPS.count("not-admitted", f"peer {peer_id[-8:]}: {why}")
+        with self._lock:
+            first = peer_id not in self._reported
+            self._reported.add(peer_id)
+        if first:
+            logger.warning("refused peer %s: %s (admission %s)", peer_id[-8:], why, self.mode)
+        return False
+
+
+def check_self(admission: Admission, peer_id: str, invitation: str) -> None:
+    """Raise `InvitationError`, saying what to change, if this swarm would not admit this peer."""
+    why = admission.refusal(peer_id, invitation)
+    if why is None:
+        return
+    if admission.mode == "allow-list":
+        fix = "ask the swarm's operators to add it to security.allow in the swarm's config"
+    else:
+        fix = "ask a swarm owner for an invitation (`p2p-trainer invite`) and pass it with --invitation"
+    raise InvitationError(f"this swarm would refuse peer {peer_id}: {why}; {fix}")

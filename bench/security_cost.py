@@ -13,7 +13,7 @@ Two measurements, the same machine, the same run:
    median of many repetitions; with the default run's per-round counts this gives the checks'
    share of a round, which does not depend on the other processes' noise.
 
-    .venv/bin/python -m bench.security_cost [--peers 2] [--rounds 12] [--seeds 1,2,3] [--out DIR]
+    .venv/bin/python -m bench.security_cost [--peers 2] [--rounds 5] [--seeds 1,2,3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def per_operation(peers: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seeds", default="1,2,3", help="report seeds (nothing is tuned here)")
     ap.add_argument("--out", default=None, help="directory for runs and results.json")
     args = ap.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from p2p_trainer.config import NetworkConfig
 from p2p_trainer.net import records
@@ -18,16 +19,20 @@ def join_swarm(
     run_definition: dict[str, object],
     stop: threading.Event | None = None,
     definition_ttl_s: float = NetworkConfig.run_definition_ttl_s,
+    check_self: Callable[[str], None] | None = None,
 ) -> NetNode:
     """Start this peer's DHT node and refuse to join if the swarm's run definition differs.
 
-    Raises `AddressError`, `IdentityError`, `InitialPeersUnreachable` or `RunDefinitionMismatch`;
-    on any of them nothing is left running. The caller owns the returned node and must `shutdown()` it.
+    Raises `AddressError`, `IdentityError`, `InitialPeersUnreachable`, `RunDefinitionMismatch` or
+    what `check_self` raises; on any of them nothing is left running. The caller owns the returned node and must `shutdown()` it.
     Every joiner publishes its own, signed run definition, which lives `definition_ttl_s` in the DHT;
     the definitions are checked (signatures, live publishers) as the node's `verify_records` says.
+    `check_self(peer_id)` runs first and may raise (admission: a refused peer publishes nothing).
     """
     node = start_node(config, stop=stop)
     try:
+        if check_self is not None:
+            check_self(node.peer_id)
         ours = records.RunDefinition(run_definition)
         verify = config.verify_records
         records.check_run_definition(node, run_name, ours, definition_ttl_s, node.signer, verify)

@@ -119,10 +119,12 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         run_definition=opts.run.run_definition(),
         stop=stop,
         definition_ttl_s=opts.run.network.run_definition_ttl_s,
+        check_self=lambda peer_id: check_self(
+            Admission(opts.run.security, opts.swarm), peer_id, opts.invitation
+        ),
     )
     with contextlib.ExitStack() as leave:  # closes what the stages opened, in reverse, however they end
         leave.callback(node.shutdown)
-        check_self(Admission(opts.run.security, opts.swarm), node.peer_id, opts.invitation)
         rejoining = trained_before(opts.run_dir / "metrics.jsonl")
         metrics = MetricsWriter(opts.run_dir / "metrics.jsonl")
         leave.callback(metrics.close)

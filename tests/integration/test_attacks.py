@@ -22,6 +22,7 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.lab.adversary.arena import Outcome, run_attack
 from p2p_trainer.lab.adversary.attacks import parse_attack
+from p2p_trainer.net.identity import load_or_create_identity
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -133,3 +134,19 @@ HARM: dict[str, Harm] = {
 def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, clean: Outcome) -> None:
     out = _attacked(tmp_path, name, False, clean)
     assert HARM[name](out, clean), f"the attack did no measurable harm: {out.row(clean.mean_loss)}"
+
+
+@pytest.mark.bench
+def test_a_closed_swarm_is_not_split_by_a_flood_of_fake_peers(tmp_path: Path, clean: Outcome) -> None:
+    """In an open swarm 100 validly signed phantom heartbeats leave the honest peers merging in
+    almost no round (their groups wait on phantoms); an allow-list admits none of them."""
+    honest = [load_or_create_identity(tmp_path / "keys" / f"peer{i}.key").peer_id for i in range(3)]
+    cfg = _config(True)
+    closed = dataclasses.replace(cfg.security, admission="allow-list", allow=tuple(honest))
+    out = run_attack(tmp_path, dataclasses.replace(cfg, security=closed), parse_attack("flood:100"))
+    print(f"\n[allow-list] {out.row(clean.mean_loss)}")
+    assert ACTED["records"] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
+    assert out.finished and out.final_rounds == [ROUNDS] * 3, out.row(clean.mean_loss)
+    assert all(loss is not None and loss <= TOLERANCE * clean.mean_loss for loss in out.val_losses)
+    # as often as in the clean run, less the slack of a loaded machine
+    assert min(out.merged_share) >= 0.8 * min(clean.merged_share), (out.merged_share, clean.merged_share)

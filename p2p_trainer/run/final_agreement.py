@@ -30,6 +30,7 @@ from p2p_trainer.algo.methods import RoundReport
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.round_log import ExchangeRecord
+from p2p_trainer.train.model import build_model
 from p2p_trainer.train.trainer import Peer
 
 logger = logging.getLogger(__name__)
@@ -47,11 +48,24 @@ def wants_final_agreement(cfg: RunConfig) -> bool:
     return cfg.exchange.final_agreement and cfg.outer.method != "independent"
 
 
+def seed_reference(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
+    """The final exchange's reference (§10): the seed's model, the same on every peer.
+
+    Each peer's update is then its whole run's progress. Honest peers' progress is alike in size
+    and direction (the same data, mixed all run), even where they stopped rounds apart; a model
+    scaled, reversed or replaced is far outside it. The round-before anchor would bound tighter,
+    but gossip peers' anchors stand further apart than one round's update, and the final merge
+    would refuse honest peers."""
+    model = build_model(cfg.model, cfg.seed)
+    return tuple(p.detach() for p in model.parameters() if p.requires_grad)
+
+
 def final_request(cfg: RunConfig) -> ExchangeRequest:
     """The final exchange: all live peers, equal weights (the plain mean), everyone awaited for at
     most `final_wait_s`, then at most `exchange.timeout_s` (one exchange's bound) for the transfer.
 
-    Always float32 on the wire: the result is the model the user keeps.
+    Always float32 on the wire: the result is the model the user keeps. Contributions and results
+    are bounded (§10) against the seed's model (`seed_reference`).
     """
     wait_s = cfg.exchange.final_wait_s
     return ExchangeRequest(
@@ -66,6 +80,7 @@ def final_request(cfg: RunConfig) -> ExchangeRequest:
         grace_s=0.0,
         result_wait_s=wait_s,
         wire_dtype="float32",
+        reference=seed_reference(cfg),
     )
 
 

@@ -120,3 +120,28 @@ def test_final_wait_must_be_positive() -> None:
 
     with pytest.raises(ConfigError, match="final_wait_s"):
         ExchangeConfig(final_wait_s=0.0)
+
+
+def test_the_final_exchange_bounds_models_against_the_seeds_and_refuses_a_reversed_one() -> None:
+    from p2p_trainer.config import SecurityConfig
+    from p2p_trainer.net.robust import Defence, Penalties, Scale, check_contribution, check_result
+    from p2p_trainer.train.model import build_model
+
+    cfg = tiny_config("factored", rounds=3)
+    req = final_request(cfg)
+    seed = [p.detach() for p in build_model(cfg.model, cfg.seed).parameters() if p.requires_grad]
+    assert req.reference is not None and len(req.reference) == len(seed)
+    assert all(torch.equal(r, s) for r, s in zip(req.reference, seed, strict=True))
+    flat_seed = torch.cat([s.reshape(-1) for s in seed]).numpy()
+    rng = torch.Generator().manual_seed(0)
+    progress = 0.05 * torch.randn(flat_seed.size, generator=rng).numpy()
+    own = flat_seed + progress  # this peer's whole run
+    honest = flat_seed + 1.3 * progress + 0.02 * torch.randn(flat_seed.size, generator=rng).numpy()
+    defence = Defence.of(SecurityConfig(), Penalties(6.0))
+    scale = Scale.of(own.astype("float32"), flat_seed, "f4")
+    assert check_contribution(honest, scale, defence) is None  # a peer that ran a few rounds longer
+    assert check_contribution(-10.0 * honest, scale, defence) is not None  # the flip attack's model
+    assert check_contribution(1e3 * honest, scale, defence) is not None
+    mean_with_liar = (own + honest - 10.0 * honest) / 3
+    assert check_result(mean_with_liar, scale, defence) is not None  # a poisoned owner's result
+    assert check_result((own + honest) / 2, scale, defence) is None

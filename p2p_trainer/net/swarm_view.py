@@ -23,9 +23,9 @@ the whole TTL. A live peer named by mistake is back in view with its next heartb
 still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
 
 Only heartbeats signed by their own peer count (`envelope.py`), in a closed swarm only those of
-admitted peers (`admission.py`), and with the security defences on
-the view believes them only within bounds relative to its own state (`view_bounds.py`): every
-consumer of `heartbeats()` (groups, alignment, donor choice, rejoin) sees the bounded list.
+admitted peers (`admission.py`), and with the security defences on the view believes them only
+within bounds relative to its own state (`view_bounds.py`): every consumer of `heartbeats()`
+(groups, alignment, donor choice, rejoin) sees the bounded list.
 """
 
 from __future__ import annotations

@@ -330,7 +330,10 @@ def test_partitioned_peer_is_left_out_then_merges_again(
     time.sleep(12.0)
     tb.heal("h3")
     healed_at = time.time()
-    assert len(rounds_of(tmp_path, 0)) > cut_at + 3, "survivors did not keep training during the cut"
+    # The survivors' views agree on dropping the cut peer only once it has missed a heartbeat (one
+    # peer's report is not enough: swarm_view.reported_dead), so the cut's first rounds wait out
+    # their quorums; the pause bound below is what limits them.
+    assert len(rounds_of(tmp_path, 0)) > cut_at + 2, "survivors did not keep training during the cut"
     deadline = time.monotonic() + 150
     while any(p.poll() is None for p in peers) and time.monotonic() < deadline:
         time.sleep(0.5)

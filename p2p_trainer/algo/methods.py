@@ -24,6 +24,8 @@ import torch
 from p2p_trainer.algo import outer
 from p2p_trainer.algo.grace import GraceTracker
 from p2p_trainer.config import ExchangeConfig, OuterConfig
+from p2p_trainer.exchange.codecs import from_config
+from p2p_trainer.exchange.feedback import ErrorFeedback
 from p2p_trainer.exchange.interface import (
     ALL,
     ZERO,
@@ -133,6 +135,8 @@ class _BlockingExchanges:
         self.cfg, self.exchange, self.xcfg = cfg, exchange, xcfg
         self.timing = timing if timing is not None else grace_tracker(xcfg)
         self.round_tokens = round_tokens
+        self.feedback = ErrorFeedback(xcfg.error_feedback_decay)
+        self._codecs = {True: from_config(xcfg, update=True), False: from_config(xcfg, update=False)}
         self._previous: tuple[int, list[torch.Tensor]] | None = None
         """(round, tensors) exchanged at the start of that round: the next round's model reference."""
 
@@ -153,6 +157,8 @@ class _BlockingExchanges:
         reference: tuple[torch.Tensor, ...] | None = ZERO,
     ) -> ExchangeRequest:
         xcfg, weighted = self.xcfg, self.cfg.token_weighted
+        # what is compared with zero is an update (Δ, gradients): only those take lossy codecs
+        codec, results = self._codecs[reference is not None and len(reference) == 0]
         return ExchangeRequest(
             tag,
             rnd,
@@ -164,7 +170,8 @@ class _BlockingExchanges:
             quorum_wait_s=xcfg.quorum_wait_max_s,
             grace_s=self.timing.window_s(),
             result_wait_s=self.timing.result_wait_s(),
-            wire_dtype=xcfg.wire_dtype,
+            codec=codec,
+            result_codec=results,
             reference=reference,
             weight_floor=self.round_tokens if weighted else 1.0,
         )
@@ -210,7 +217,13 @@ class _BlockingExchanges:
         reference: tuple[torch.Tensor, ...] | None = ZERO,
     ) -> ExchangeResult:
         t0 = time.monotonic()
-        res = self.exchange.average(tensors, self._request(tag, rnd, group, weight, step, reference))
+        request = self._request(tag, rnd, group, weight, step, reference)
+        feedback = request.codec.lossy and self.xcfg.error_feedback
+        if feedback:
+            tensors = self.feedback.contribution((tag, step), tensors)
+        res = self.exchange.average(tensors, request)
+        if feedback and isinstance(res, Ok):  # a failed exchange sent nothing: e is still owed
+            self.feedback.delivered((tag, step), tensors, request.codec)
         if isinstance(res, Ok):
             self.timing.observe_exchange(res.quorum_s, res.sync_s)
         else:

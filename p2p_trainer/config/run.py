@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -170,11 +169,10 @@ class RunConfig:
     def run_definition(self) -> dict[str, Any]:
         """What every peer of one swarm must agree on (model shape, method, data, seed, work target)."""
         definition = {
-            "model": dataclasses.asdict(self.model),
+            "model": self.model.definition(),
             "method": self.outer.method,
             "num_inner_steps": self.outer.num_inner_steps,
-            "corpus": self.data.corpus,
-            "val_fraction": self.data.val_fraction,
+            **self.data.definition(),
             "seed": self.seed,
         }
         if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id

@@ -8,13 +8,21 @@ from typing import Literal
 
 from p2p_trainer.config.checks import check_fields, choices, require
 
-WireDtype = Literal["float32", "float16"]
+WireDtype = Literal["float32", "float16", "bfloat16"]
 WIRE_DTYPES: tuple[str, ...] = choices(WireDtype)
+UpdateCodec = Literal["", "float32", "float16", "bfloat16", "int8", "int4", "topk"]
+"""Codecs of the exchanges of updates (exchange/codecs.py); "" is `wire_dtype`."""
+
+
+Arch = Literal["gpt", "llama"]
+ARCHS: tuple[str, ...] = choices(Arch)
+LLAMA_ONLY = ("arch", "n_kv_heads", "rope_theta", "ffn_hidden")
+"""ModelConfig fields a GPT ignores; its run definition leaves them out, so GPT swarms keep their id."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The transformer's shape."""
+    """The transformer's shape (both archs; the Llama-only fields say so)."""
 
     vocab_size: int = 256
     """Byte-level tokens by default."""
@@ -30,9 +38,26 @@ class ModelConfig:
     """Hidden width of each MLP as a multiple of d_model."""
     dropout: float = 0.0
     """Dropout probability in [0, 1)."""
+    arch: Arch = "gpt"
+    """The decoder: "gpt" (train/model.py: LayerNorm, learned positions, GELU MLP) or "llama"
+    (train/llama.py: RMSNorm, rotary positions, SwiGLU MLP, optional grouped-query attention)."""
+    n_kv_heads: int = 0
+    """Llama only: key/value heads (grouped-query attention), a divisor of n_heads; 0 = n_heads
+    (plain multi-head attention), 1 = multi-query attention."""
+    rope_theta: float = 10000.0
+    """Llama only: base of the rotary position frequencies (10000 as Llama 2; Llama 3 uses 500000
+    for long contexts)."""
+    ffn_hidden: int = 0
+    """Llama only: hidden width of the SwiGLU MLP. 0 = 2/3 · mlp_ratio · d_model rounded up to a
+    multiple of 64 (SwiGLU has three matrices, so this keeps about the parameters of a GELU MLP of
+    mlp_ratio · d_model; d_model 128 gives 384)."""
+    tie_embeddings: bool = True
+    """Share the token embedding with the output layer (both archs): fewer parameters to train and
+    to exchange. Llama 2/3-sized models untie them (false)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model")
+        _check_arch(self)
         require(self.vocab_size >= 2, f"model.vocab_size={self.vocab_size}: use at least 2 (256 for bytes)")
         require(self.d_model > 0 and self.n_layers > 0, "model.d_model and model.n_layers must be positive")
         require(
@@ -41,20 +66,89 @@ class ModelConfig:
         )
         require(self.seq_len >= 2, f"model.seq_len={self.seq_len}: use at least 2")
         require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout}: use a value in [0, 1)")
+        require(self.mlp_ratio >= 1, f"model.mlp_ratio={self.mlp_ratio}: use at least 1")
+        if self.arch == "llama":
+            _check_llama(self)
+
+    @property
+    def kv_heads(self) -> int:
+        """Llama's key/value heads (n_kv_heads, or n_heads where 0)."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def swiglu_hidden(self) -> int:
+        """Llama's SwiGLU hidden width (the rule under `ffn_hidden`)."""
+        return self.ffn_hidden or 64 * -(-2 * self.mlp_ratio * self.d_model // (3 * 64))
+
+    def definition(self) -> dict[str, object]:
+        """The fields peers must agree on: a GPT's leave out the Llama-only ones (and a tied
+        embedding, the GPT's only layout before the field existed)."""
+        fields = dataclasses.asdict(self)
+        if self.arch == "gpt":
+            for name in LLAMA_ONLY + (("tie_embeddings",) if self.tie_embeddings else ()):
+                del fields[name]
+        return fields
+
+
+def _check_arch(cfg: ModelConfig) -> None:
+    """A Llama-only field set on a GPT is a mistake the GPT would silently ignore."""
+    for name in ("n_kv_heads", "ffn_hidden"):
+        value = getattr(cfg, name)
+        require(
+            cfg.arch == "llama" or value == 0,
+            f'model.{name}={value} applies to arch = "llama" only: set model.arch = "llama" or remove {name}',
+        )
+
+
+def _check_llama(cfg: ModelConfig) -> None:
+    heads = cfg.n_heads
+    divisors = ", ".join(str(k) for k in range(1, heads + 1) if heads % k == 0)
+    require(
+        cfg.n_kv_heads >= 0 and heads % cfg.kv_heads == 0,
+        f"model.n_kv_heads={cfg.n_kv_heads} must divide model.n_heads={heads} (each key/value head "
+        f"serves n_heads / n_kv_heads query heads): use 0 (= n_heads) or one of {divisors}",
+    )
+    head_dim = cfg.d_model // heads
+    require(
+        head_dim % 2 == 0,
+        f"model.d_model / model.n_heads = {head_dim} must be even for rotary positions "
+        '(arch = "llama"): change d_model or n_heads',
+    )
+    require(cfg.rope_theta > 0, f"model.rope_theta={cfg.rope_theta}: use a positive base (10000 is usual)")
+    require(cfg.ffn_hidden >= 0, f"model.ffn_hidden={cfg.ffn_hidden}: use >= 0 (0 = the 2/3 rule)")
+
+
+DataFormat = Literal["auto", "text", "jsonl", "tokens"]
+TokenDtype = Literal["uint16", "uint32"]
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The corpus and how it is batched."""
+    """The corpus, how it is read and how it is batched."""
 
     corpus: str = "shakespeare"
-    """'shakespeare' (bundled plays) or a path to a text file or a directory of .txt files."""
+    """'shakespeare' (bundled plays) or a path: a text file or a directory of .txt files, a .jsonl
+    file or a directory of them, a .bin file of token ids, or a directory holding nanoGPT's
+    train.bin and val.bin (see `format`)."""
     val_fraction: float = 0.1
-    """Share of documents (whole plays/files) held out for validation, never trained on."""
+    """Share held out for validation, never trained on: whole documents (plays, files, JSONL
+    lines), or the tail of a single text or .bin file. A directory's val.bin is its validation
+    split whatever this says."""
     batch_size: int = 16
     """Sequences per micro-batch."""
     val_batches: int = 8
     """Micro-batches per validation-loss estimate (fixed, so estimates are comparable)."""
+    format: DataFormat = "auto"
+    """How `corpus` is read: "text" (UTF-8, byte-level tokens), "jsonl" (one JSON object per line,
+    each line a document, its text in `text_field`; byte-level tokens), "tokens" (token ids already
+    tokenized, a flat array of `token_dtype` as nanoGPT writes it; memory-mapped, never read whole),
+    or "auto": .jsonl is jsonl, .bin is tokens, anything else text; a directory is tokens if it holds
+    train.bin, jsonl if it holds .jsonl files and no .txt, else text."""
+    text_field: str = "text"
+    """jsonl: the key holding each line's text; a line without it is an error naming the line."""
+    token_dtype: TokenDtype = "uint16"
+    """tokens: the ids' type in the .bin file: uint16 (nanoGPT's, vocabularies up to 65536) or
+    uint32. Every id must be below model.vocab_size."""
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
@@ -63,6 +157,17 @@ class DataConfig:
         )
         require(self.batch_size > 0, f"data.batch_size={self.batch_size}: use a positive number")
         require(self.val_batches > 0, f"data.val_batches={self.val_batches}: use a positive number")
+        require(self.text_field != "", 'data.text_field is empty: name the JSON key of the text ("text")')
+
+    def definition(self) -> dict[str, object]:
+        """What peers must agree on about the data: corpus and split, and how it is read where that
+        is not the default (so swarms on the default reading keep their run id)."""
+        fields: dict[str, object] = {"corpus": self.corpus, "val_fraction": self.val_fraction}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in ("format", "text_field", "token_dtype"):
+            if getattr(self, name) != defaults[name]:
+                fields[f"data_{name}"] = getattr(self, name)
+        return fields
 
 
 @dataclass(frozen=True)
@@ -126,9 +231,31 @@ class ExchangeConfig:
     """The window covers at least this many times the observed time for members' contributions
     to arrive (start skew + transfer), so punctual members on a slow link are not left out."""
     wire_dtype: WireDtype = "float32"
-    """Number format of exchanged values on the wire: float32, or float16 (half the bytes, so half
+    """Number format of exchanged models (Mix1's and re-agreement's anchors, NoLoCo's θ) and, unless
+    `update_codec` says otherwise, of updates: float32, float16 or bfloat16 (half the bytes, so half
     the time on a slow link; values are averaged in float64 either way, and a part holding a value
     beyond float16's range is sent as float32). Every member of a group gets identical results."""
+    update_codec: UpdateCodec = ""
+    """Codec of the exchanges of updates (DiLoCo's and Mix2's Δ, data-parallel gradients): "" (the
+    `wire_dtype`), a 16-bit float, `int8`/`int4` (blockwise scales, nearest rounding) or `topk`
+    (the `topk_fraction` largest of each chunk, int8 values). Models never take the lossy ones:
+    their rounding would be applied to the weights themselves, every round (docs/algorithms.md §7)."""
+    result_codec: UpdateCodec = ""
+    """Codec of the averaged parts the part owners send back: "" is the `update_codec` (for `topk`,
+    a top-k result that keeps every entry the merged contributions carry)."""
+    error_feedback: bool = True
+    """With a lossy update codec, what rounding dropped from this peer's contribution is added to
+    its next one (per exchange tag, over the whole vector, so it survives changes of group)."""
+    error_feedback_decay: float = 1.0
+    """β_e: the residual is scaled by this before it is added (1 keeps all of it). SparseLoCo's
+    outer step uses 0.95 with no outer momentum: the decayed residual then plays the momentum."""
+    codec_block: int = 128
+    """Values per scale of `int8`/`int4`: the parts' bounds lie on this grid."""
+    topk_chunk: int = 4096
+    """Values per chunk of `topk` (one scale each; the parts' bounds lie on this grid)."""
+    topk_fraction: float = 1 / 64
+    """Share of each chunk a `topk` contribution keeps: 1/64 of 4096, at 3 bytes per entry and a
+    scale per chunk, is about 84 × fewer bytes than float32."""
     final_agreement: bool = True
     """At the end of a run (rounds done or time bound, not a stop signal) every peer takes part in
     one last all-peer average of its anchor φ, so each ends holding the swarm's consensus model.
@@ -150,6 +277,22 @@ class ExchangeConfig:
             f"exchange.quorum_fraction={self.quorum_fraction}: use a value in (0, 1] (0.5 = half the group)",
         )
         require(self.quorum_wait_max_s > 0, "exchange.quorum_wait_max_s must be positive")
+        require(
+            0 <= self.error_feedback_decay <= 1,
+            f"exchange.error_feedback_decay={self.error_feedback_decay}: use a value in [0, 1]",
+        )
+        for name in ("codec_block", "topk_chunk"):
+            size = getattr(self, name)
+            require(1 <= size <= 65536, f"exchange.{name}={size}: use 1..65536 (top-k indices are 16-bit)")
+        require(
+            0 < self.topk_fraction <= 1,
+            f"exchange.topk_fraction={self.topk_fraction}: use a value in (0, 1] (1/64 keeps 1.6%)",
+        )
+        require(
+            self.result_codec != "topk" or self.update_codec == "topk",
+            "exchange.result_codec='topk' needs update_codec='topk': a dense mean would lose "
+            "most of its entries; choose a dense result codec",
+        )
         require(self.grace_overlap_steps >= 0, "exchange.grace_overlap_steps must be >= 0")
         require(self.grace_gamma >= 0, "exchange.grace_gamma must be >= 0")
         require(

@@ -1,8 +1,9 @@
 """In-process exchange backend: N peers (threads) in one process, exact averaging, seeded groups.
 
 This is the reference against which the network backend is compared: same interface, same group
-derivation, exact weighted means. Bytes are reported as a butterfly all-reduce would move them
-(hivemind's scheme): each member sends and receives 2·(n−1)/n of the payload.
+derivation, exact weighted means, the same codecs (`codecs.py`). Bytes are reported as a butterfly
+all-reduce would move them (hivemind's scheme): each member sends and receives (n−1)/n of the
+contributions' bytes and (n−1)/n of the results' bytes in the request's codecs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 from p2p_trainer.algo.groups import group_of, group_seed
 from p2p_trainer.algo.outer import weighted_mean
+from p2p_trainer.exchange.codecs import FLOAT32, Codec
+from p2p_trainer.exchange.feedback import as_sent
 from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok, check_contribution
 
 logger = logging.getLogger(__name__)
@@ -61,12 +64,16 @@ class InProcessSwarm:
             slot.contributions[name] = (tensors, request.weight)
             slot.arrived.add(name)
             if slot.arrived >= set(slot.members):
-                slot.result = self._reduce(slot, tensors, request.wire_dtype)
+                slot.result = self._reduce(slot, tensors, request.codec, request.results)
                 slot.contributions.clear()  # the mean is all anyone needs now; free the copies
                 self._cond.notify_all()
         return key, index
 
-    def _reduce(self, slot: _Slot, like: list[torch.Tensor], wire_dtype: str = "float32") -> ExchangeResult:
+    def _reduce(
+        self, slot: _Slot, like: list[torch.Tensor], codec: Codec = FLOAT32, results: Codec = FLOAT32
+    ) -> ExchangeResult:
+        """The group's mean as the network peers end with it: contributions as a lossy codec
+        delivers them, the mean as the owners send it back (exchange/codecs.py)."""
         accepted: list[list[torch.Tensor]] = []
         weights: list[float] = []
         for name in slot.members:
@@ -75,19 +82,17 @@ class InProcessSwarm:
             if reason is not None:
                 logger.warning("dropping contribution of %s: %s", name, reason)
                 continue
-            accepted.append(tensors)
+            accepted.append(as_sent(tensors, codec) if codec.lossy else tensors)
             weights.append(weight)
         if not accepted:
             return Failed("no valid contribution in the group")
-        mean = weighted_mean(accepted, weights)
         n = len(accepted)
-        payload = sum(t.numel() * t.element_size() for t in like)
-        if wire_dtype == "float16":  # what the network peers end with: the mean as sent in float16
-            fits = all(float(m.abs().max()) <= torch.finfo(torch.float16).max for m in mean if m.numel())
-            if fits:
-                mean = [m.to(torch.float16).to(m.dtype) for m in mean]
-                payload //= 2
-        moved = int(2 * (n - 1) / n * payload)
+        mean = weighted_mean(accepted, weights)
+        if results.name != "float32":
+            mean = as_sent(mean, results, results.result_k(n))
+        numel = sum(t.numel() for t in like)
+        k = results.result_k(n)
+        moved = int((n - 1) / n * (codec.payload_bytes(numel) + results.payload_bytes(numel, k)))
         return Ok(
             mean, group_size=n, total_weight=float(sum(weights)), bytes_sent=moved, bytes_received=moved
         )

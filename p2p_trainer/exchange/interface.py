@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from p2p_trainer.exchange.codecs import FLOAT32, Codec
+
 ALL = 0
 """Group size meaning "every live peer" (an all-reduce)."""
 
@@ -96,8 +98,10 @@ class ExchangeRequest:
     """§4: after the quorum, wait at most this long for the rest of the group."""
     result_wait_s: float = math.inf
     """After the own part is averaged, wait at most `grace_s` plus this for the others' parts."""
-    wire_dtype: str = "float32"
-    """float32 or float16: the number format of the values sent (see OuterConfig.wire_dtype)."""
+    codec: Codec = FLOAT32
+    """How the contributions are written on the wire (`codecs.py`; ExchangeConfig.update_codec)."""
+    result_codec: Codec | None = None
+    """How the part owners' averages are written back; None: as `codec`."""
     reference: tuple[torch.Tensor, ...] | None = field(default=None, compare=False, repr=False)
     """What the tensors are compared with (§10): their update is tensors − reference. `ZERO` for
     tensors that are themselves updates (Δ, gradients); the tensors this peer held before the
@@ -107,6 +111,10 @@ class ExchangeRequest:
     """A weight any honest peer may claim whatever this peer's own (one full round's tokens where
     weights are tokens, 1 where they are all equal): the floor of the weight bound (§10); inf
     leaves only the backend's absolute bound."""
+
+    @property
+    def results(self) -> Codec:
+        return self.codec if self.result_codec is None else self.result_codec
 
 
 ZERO: tuple[torch.Tensor, ...] = ()

@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2p_trainer.exchange.codecs import FLOAT32, Codec, alignment
 from p2p_trainer.exchange.interface import ExchangeResult, Failed, Ok
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.robust import Defence, PartChecks, merge
 from p2p_trainer.net.transport import Message, Transport
-from p2p_trainer.net.wire import WIRE_FORMATS as WIRE_FORMATS
-from p2p_trainer.net.wire import check_message, encode_values, send_with_retries
+from p2p_trainer.net.wire import check_message, send_with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +62,17 @@ POLL_S = 0.2
 _background: set[asyncio.Task[None]] = set()
 
 
-def part_bounds(numel: int, n: int) -> list[tuple[int, int]]:
-    base, extra = divmod(numel, n)
+def part_bounds(numel: int, n: int, align: int = 1) -> list[tuple[int, int]]:
+    """n near-equal parts whose bounds are multiples of `align` (a codec's grid; the last part
+    takes the remainder)."""
+    units = -(-numel // align)
+    base, extra = divmod(units, n)
     bounds, start = [], 0
     for j in range(n):
         size = base + (1 if j < extra else 0)
-        bounds.append((start, start + size))
-        start += size
+        end = min(numel, start + size * align)
+        bounds.append((start, end))
+        start = end
     return bounds
 
 
@@ -87,8 +91,11 @@ class GroupSpec:
     view_prefix: str = ""
     """The key without the member-list digest: messages under it with another digest come from
     members with another view of this exchange's group."""
-    wire_dtype: str = "float32"
-    """float16 sends half the bytes; each message says its format ("dt"), so a receiver checks it."""
+    codec: Codec = FLOAT32
+    """How contributions are written (`exchange/codecs.py`); each message names its codec, and a
+    receiver checks the payload against it."""
+    result_codec: Codec = FLOAT32
+    """How the owners' averaged parts are written back."""
     defence: Defence | None = None
     """The §10 bounds and penalties; None applies only the size, finiteness and weight checks."""
     excluded: frozenset[str] = frozenset()
@@ -317,8 +324,11 @@ async def butterfly_average(
             max_weight=min(group.max_weight, group.defence.max_weight(weight)),
             excluded=group.excluded | {m for m in group.members if m != group.me and penalties.excluded(m)},
         )
-    bounds = part_bounds(flat.numel(), n)
+    bounds = part_bounds(flat.numel(), n, alignment(group.codec, group.result_codec))
     data = flat.detach().to(torch.float32).contiguous().numpy()
+    # with a lossy codec this member's own part is merged as sent too, so its error feedback
+    # (what the codec dropped) is exactly what the group did not get
+    sent = group.codec.roundtrip(data) if group.codec.lossy else data
     others = [j for j in range(n) if j != me]
     reached = [j for j in others if group.members[j] not in group.excluded]
     short = [m[-8:] for m in group.members]
@@ -326,7 +336,8 @@ async def butterfly_average(
     if group.defence is not None:
 
         def decoded(values: np.ndarray) -> tuple[str, np.ndarray]:
-            return encode_values(values, group.wire_dtype)[1:]
+            _, header, values = group.codec.encode(values)
+            return str(header["dt"]), values
 
         checks = PartChecks(
             group.defence, group.members, me, group.key, data, reference, bounds, decoded, weight
@@ -343,8 +354,9 @@ async def butterfly_average(
         )
 
     def contribution(j: int) -> tuple[bytes, dict[str, object]]:
-        payload, fmt, _ = encode_values(data[bounds[j][0] : bounds[j][1]], group.wire_dtype)
-        return payload, {"w": weight, "dt": fmt}
+        a, b = bounds[j]
+        payload, header, _ = group.codec.encode(data[a:b])
+        return payload, {"w": weight, "n": b - a, **header}
 
     lo, hi = bounds[me]
     sends = [send(j, "c", j, *contribution(j)) for j in reached]
@@ -358,14 +370,16 @@ async def butterfly_average(
     accept = checks.contribution if checks is not None else None
     arrivals = await _collect(transport, group, me, hi - lo, started, deadline, away, on_late, accept)
     own_scale = checks.mine if checks is not None else None
-    mean, total_w = merge(data[lo:hi], weight, list(arrivals.values.values()), group.defence, own_scale)
+    mean, total_w = merge(sent[lo:hi], weight, list(arrivals.values.values()), group.defence, own_scale)
     included = sorted([me, *arrivals.values])
     # every member, this owner included, keeps the values as sent: identical results group-wide
-    payload, fmt, mine = encode_values(mean.astype(np.float32), group.wire_dtype)
-    sends += [send(j, "r", me, payload, {"w": total_w, "in": included, "dt": fmt}) for j in reached]
+    k = group.result_codec.result_k(len(included))
+    payload, header, mine = group.result_codec.encode(mean.astype(np.float32), k)
+    result = {"w": total_w, "in": included, "n": hi - lo, **header}
+    sends += [send(j, "r", me, payload, result) for j in reached]
     own_done = time.monotonic()
 
-    out = data.copy()  # parts that do not come back keep this member's own values
+    out = sent.copy()  # parts that do not come back keep this member's own values (as sent)
     out[lo:hi] = mine
     # a rejected member is alive: its result is waited for (and checked) like a contributor's
     awaited = set(arrivals.values) | arrivals.rejected

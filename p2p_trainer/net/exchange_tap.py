@@ -52,8 +52,8 @@ class TapRecord:
     """The group's members as this peer derived them (itself included)."""
     weight: float
     """The weight this peer sent with its contribution (after the exchange's bound)."""
-    wire_dtype: str
-    """The request's wire format."""
+    codec: str
+    """The request's codec for contributions (`exchange/codecs.py`)."""
     ok: bool
     """Whether the result was `Ok`."""
     reason: str = ""
@@ -160,7 +160,7 @@ class RecordingTap(ExchangeTap):
             key,
             tuple(members),
             float(weight),
-            request.wire_dtype,
+            request.codec.name,
             ok=isinstance(result, Ok),
         )
         tensors = {"sent": sent.detach().to(torch.float32).contiguous()}

@@ -143,7 +143,8 @@ class NetworkExchange:
             grace_s=request.grace_s,
             result_wait_s=request.result_wait_s,
             view_prefix=prefix,
-            wire_dtype=request.wire_dtype,
+            codec=request.codec,
+            result_codec=request.results,
             defence=defence,  # its penalties leave members out of this peer's groups (§10)
         )
 

@@ -41,8 +41,9 @@ from p2p_trainer.config.security import RobustMean, SecurityConfig
 
 logger = logging.getLogger(__name__)
 
-WIRE_TOLERANCE = {"f4": 1e-6, "f2": 2e-3}
-"""Relative error of values decoded from each wire format: differences below it are rounding."""
+WIRE_TOLERANCE = {"f4": 1e-6, "f2": 2e-3, "bf": 8e-3, "i8": 1e-2, "i4": 0.2, "tk": 1e-2}
+"""Relative error of values decoded from each codec (exchange/codecs.py): differences below it are
+rounding."""
 
 
 class Penalties:

@@ -1,7 +1,8 @@
 """The butterfly's messages (`allreduce.py`): number formats, the checks on what arrives, delivery.
 
-Each value message carries its weight ("w") and number format ("dt") in its header; a receiver
-checks both, the payload's size and the values' finiteness before anything is merged.
+Each value message carries its weight ("w"), value count ("n") and codec ("dt", with its block
+"b" and top-k "k" where it has them) in its header; a receiver checks them all, the payload
+against them (`exchange/codecs.py`) and the values' finiteness before anything is merged.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 import numpy as np
 
+from p2p_trainer.exchange.codecs import decode
 from p2p_trainer.exchange.interface import valid_weight
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.transport import Message, Transport
@@ -20,38 +21,21 @@ from p2p_trainer.net.transport import Message, Transport
 logger = logging.getLogger(__name__)
 
 
-WIRE_FORMATS: dict[str, np.dtype[Any]] = {"f4": np.dtype(np.float32), "f2": np.dtype(np.float16)}
-FLOAT16_MAX = float(np.finfo(np.float16).max)
-
-
-def encode_values(values: np.ndarray, wire_dtype: str) -> tuple[bytes, str, np.ndarray]:
-    """The bytes to send, their format tag, and the values as the receiver will decode them.
-
-    float16 is used only where every value fits its range: a part that overflowed would arrive as
-    inf and be rejected, so it goes as float32 instead (rare: parameters and their deltas are small).
-    """
-    if wire_dtype == "float16" and (values.size == 0 or float(np.abs(values).max()) <= FLOAT16_MAX):
-        half = values.astype(np.float16)
-        return half.tobytes(), "f2", half.astype(np.float32)
-    return values.astype(np.float32).tobytes(), "f4", values
-
-
 def check_message(
     msg: Message | None, expected_floats: int, max_weight: float
 ) -> tuple[np.ndarray, float] | str:
+    """A message's values and weight, or why it is unusable (its codec checks the payload)."""
     if msg is None:
         return "did not arrive before the deadline"
     weight = msg.header.get("w")
     if not isinstance(weight, int | float) or not valid_weight(float(weight), max_weight):
         return f"weight {weight!r} is not finite, positive and <= {max_weight}"
-    fmt = WIRE_FORMATS.get(str(msg.header.get("dt", "f4")))
-    if fmt is None:
-        return f"unknown number format {msg.header.get('dt')!r} (expected one of {', '.join(WIRE_FORMATS)})"
-    if len(msg.payload) != fmt.itemsize * expected_floats:
-        return f"{len(msg.payload)} bytes, expected {fmt.itemsize * expected_floats} ({fmt.name})"
-    values = np.frombuffer(msg.payload, dtype=fmt).astype(np.float32, copy=False)
-    if not np.isfinite(values).all():
-        return "non-finite values"
+    count = msg.header.get("n", expected_floats)
+    if count != expected_floats:
+        return f"says it carries {count!r} values, expected {expected_floats}"
+    values = decode(msg.header, msg.payload, expected_floats)
+    if isinstance(values, str):
+        return values
     return values, float(weight)
 
 

@@ -79,7 +79,6 @@ def final_request(cfg: RunConfig) -> ExchangeRequest:
         quorum_wait_s=wait_s,
         grace_s=0.0,
         result_wait_s=wait_s,
-        wire_dtype="float32",
         reference=seed_reference(cfg),
     )
 

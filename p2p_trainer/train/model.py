@@ -1,8 +1,9 @@
-"""A decoder-only transformer language model in plain torch.
+"""A decoder-only transformer language model in plain torch, and `build_model` for either arch.
 
 Pre-norm blocks, causal attention through `scaled_dot_product_attention`, learned positions,
-tied input/output embeddings. Sized by `ModelConfig` from ~1M parameters (CPU tests) to 1B+
-(e.g. d_model=2048, n_layers=20, n_heads=16). Imports nothing distributed.
+tied input/output embeddings (unless `model.tie_embeddings = false`). Sized by `ModelConfig` from
+~1M parameters (CPU tests) to 1B+ (e.g. d_model=2048, n_layers=20, n_heads=16). The Llama-style
+decoder (`model.arch = "llama"`) is in llama.py. Imports nothing distributed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2p_trainer.config import ModelConfig
+from p2p_trainer.train.llama import Llama
 
 
 class CausalSelfAttention(nn.Module):
@@ -66,7 +68,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # tied: fewer parameters to train and to exchange
+        if cfg.tie_embeddings:  # fewer parameters to train and to exchange
+            self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
         # GPT-2 style: scale residual projections by depth so the residual stream stays O(1).
         for name, p in self.named_parameters():
@@ -96,11 +99,16 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def build_model(cfg: ModelConfig, seed: int) -> GPT:
-    """Initial weights derive from the run seed only, so a new swarm starts from identical weights."""
+LanguageModel = GPT | Llama
+"""What `build_model` returns: both take `(idx, targets=None)` and have `num_params()`."""
+
+
+def build_model(cfg: ModelConfig, seed: int) -> LanguageModel:
+    """The model `cfg.arch` names. Initial weights derive from the run seed only, so a new swarm
+    starts from identical weights."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return GPT(cfg)
+        return Llama(cfg) if cfg.arch == "llama" else GPT(cfg)
     finally:
         torch.random.set_rng_state(gen_state)

@@ -20,7 +20,7 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.train.data import Corpus, TokenStream, validation_batches
-from p2p_trainer.train.model import GPT, build_model
+from p2p_trainer.train.model import LanguageModel, build_model
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Peer:
         `faults` is told when the round's inner steps are half done (fault point "inner")."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.faults = faults
-        self.model: GPT = build_model(cfg.model, cfg.seed).to(self.device)
+        self.model: LanguageModel = build_model(cfg.model, cfg.seed).to(self.device)
         self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         inner = cfg.inner
         self.optimizer = torch.optim.AdamW(

@@ -83,7 +83,7 @@ def check_group(key: str, by_peer: dict[str, TappedExchange]) -> CheckedGroup | 
         return None
     for t in by_peer.values():  # the key hashes the member list, so one key means one list
         assert t.record.members == members, f"{key}: member lists differ"
-        assert t.record.wire_dtype == "float32", "the recomputation assumes exact float32 contributions"
+        assert t.record.codec == "float32", "the recomputation assumes exact float32 contributions"
     # a result that merged every part had every member's contribution, so each of them recorded it
     missing = [m[-8:] for m in members if m not in by_peer]
     assert not missing, f"{key}: merged by {len(merged)} but no record from {missing}"

@@ -1,10 +1,14 @@
-"""Stand-ins for a pending exchange in unit tests of the methods."""
+"""Stand-ins for a pending exchange (unit tests of the methods) and for a transport (of the butterfly)."""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import torch
 
 from p2p_trainer.exchange.interface import Ok
+from p2p_trainer.net.transport import Mailbox, Message
 
 
 class Finished:
@@ -18,3 +22,17 @@ class Finished:
 
     def result(self, timeout_s: float) -> Ok:
         return Ok(list(self.tensors), group_size=2, total_weight=2.0)
+
+
+class FakeTransport:
+    """Delivers straight into the receiver's mailbox; sends to a dead peer raise like p2pd does."""
+
+    def __init__(self, peer_id: str, net: dict[str, FakeTransport], dead: set[str]) -> None:
+        self.peer_id, self.net, self.dead = peer_id, net, dead
+        self.mailbox = Mailbox()
+
+    async def send(self, peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        await asyncio.sleep(0.001)
+        if peer in self.dead:
+            raise ConnectionError(f"{peer} refused")
+        self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))

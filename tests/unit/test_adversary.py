@@ -16,7 +16,7 @@ VALUES = np.array([0.5, -1.0, 2.0], dtype=np.float16)
 
 
 def _sent(name: str, phase: str = "c") -> tuple[dict[str, object], np.ndarray] | None:
-    header = {"key": f"{KEY}|{phase}|1", "w": 100.0, "dt": "f2"}
+    header = {"key": f"{KEY}|{phase}|1", "w": 100.0, "dt": "f2", "n": VALUES.size}
     changed = tamper(parse_attack(name), header, VALUES.tobytes())
     if changed is None:
         return None

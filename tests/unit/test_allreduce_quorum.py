@@ -11,26 +11,14 @@ import numpy as np
 import pytest
 import torch
 
+from p2p_trainer.exchange.codecs import Codec
 from p2p_trainer.exchange.interface import Failed, Ok
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
 from p2p_trainer.net.health import PeerHealth
-from p2p_trainer.net.transport import Mailbox, Message
+from p2p_trainer.net.transport import Message
+from tests.unit.fake_exchanges import FakeTransport
 
 GRACE_S = 0.3
-
-
-class FakeTransport:
-    """Delivers straight into the receiver's mailbox; sends to a dead peer raise like p2pd does."""
-
-    def __init__(self, peer_id: str, net: dict[str, FakeTransport], dead: set[str]) -> None:
-        self.peer_id, self.net, self.dead = peer_id, net, dead
-        self.mailbox = Mailbox()
-
-    async def send(self, peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
-        await asyncio.sleep(0.001)
-        if peer in self.dead:
-            raise ConnectionError(f"{peer} refused")
-        self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))
 
 
 def _spec(members: list[str], me: str, quorum: int) -> GroupSpec:
@@ -224,7 +212,9 @@ def test_float16_wire_halves_the_bytes_and_every_member_ends_with_the_same_value
         # values float16 cannot hold exactly, and one part beyond its range (sent as float32)
         flats = [torch.linspace(0, 1, 12) / 3 + i for i in range(3)]
         flats[2][-1] = 1e6
-        spec = dataclasses.replace(_spec(members, "a", 3), wire_dtype="float16")
+        spec = dataclasses.replace(
+            _spec(members, "a", 3), codec=Codec("float16"), result_codec=Codec("float16")
+        )
         return await asyncio.gather(
             *(
                 butterfly_average(

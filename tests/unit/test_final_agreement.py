@@ -61,7 +61,8 @@ def test_the_request_meets_on_the_configured_rounds_with_everyone_in_float32() -
     cfg = tiny_config("factored", rounds=7, wire_dtype="float16", final_wait_s=12.0)
     req = final_request(cfg)
     assert (req.tag, req.round, req.group_size) == (FINAL_TAG, 7, ALL)
-    assert req.quorum_fraction == 1.0 and req.weight == 1.0 and req.wire_dtype == "float32"
+    assert req.quorum_fraction == 1.0 and req.weight == 1.0
+    assert req.codec.name == req.results.name == "float32"
     assert req.quorum_wait_s == 12.0 and req.timeout_s == 12.0 + cfg.exchange.timeout_s
 
 

@@ -10,6 +10,7 @@ import torch
 
 from p2p_trainer.algo.groups import group_seed, partition
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
+from p2p_trainer.exchange.codecs import Codec
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.run.threads import run_inprocess
@@ -43,7 +44,7 @@ def test_all_reduce_is_the_exact_weighted_mean() -> None:
 def test_float16_wire_rounds_the_mean_as_the_network_peers_get_it() -> None:
     swarm = InProcessSwarm(2, seed=0)
     values = [torch.full((4,), 0.1), torch.full((4,), 0.2)]
-    req = ExchangeRequest("t", 0, ALL, 1.0, wire_dtype="float16")
+    req = ExchangeRequest("t", 0, ALL, 1.0, codec=Codec("float16"))
     results = _run_all(2, lambda i: swarm.exchange(i).average([values[i]], req))
     for r in results:
         assert isinstance(r, Ok) and r.bytes_sent == int(2 * 1 / 2 * 8)  # 2 bytes per value

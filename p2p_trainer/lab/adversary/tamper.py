@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from p2p_trainer.exchange.codecs import decode
 from p2p_trainer.lab.adversary.attacks import Attack
-from p2p_trainer.net.allreduce import WIRE_FORMATS
 from p2p_trainer.net.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -34,11 +34,14 @@ def tamper(attack: Attack, header: dict[str, Any], payload: bytes) -> tuple[dict
     """The message the hostile peer sends instead, or None to send it unchanged."""
     phase = phase_of(header)
     wanted = "r" if attack.name == "owner" else "c"
-    fmt = WIRE_FORMATS.get(str(header.get("dt", "f4")))
-    if phase != wanted or fmt is None:
+    count = header.get("n")
+    if phase != wanted or not isinstance(count, int):
         return None
-    values = np.frombuffer(payload, dtype=fmt).astype(np.float64)
-    out = dict(header)
+    decoded = decode(header, payload, count)
+    if isinstance(decoded, str):
+        return None
+    values = decoded.astype(np.float64)
+    out = {k: v for k, v in header.items() if k not in ("b", "k")}
     if attack.name == "scale":
         values = values * attack.arg
     elif attack.name in ("flip", "owner"):
@@ -52,7 +55,8 @@ def tamper(attack: Attack, header: dict[str, Any], payload: bytes) -> tuple[dict
             out["w"] = float(weight) * attack.arg
     else:
         return None
-    # float32 always: a scaled part would overflow float16 and arrive as inf
+    # float32 always: a scaled part would overflow float16 and arrive as inf, and a sparse
+    # codec would keep only some of what the attack changed
     out["dt"] = "f4"
     return out, values.astype(np.float32).tobytes()
 

@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from p2p_trainer.cli_options import (
+    log_format_option,
+    metrics_options,
+    metrics_port_base_option,
     minutes_option,
     node_options,
     run_config_options,
@@ -24,11 +27,12 @@ from p2p_trainer.cli_options import (
 )
 from p2p_trainer.config import ConfigError, RunConfig, load_config, to_toml
 from p2p_trainer.lab.sim.command import simulate
-from p2p_trainer.logs import setup_logging
+from p2p_trainer.logs import setup_logging, use_log_format
 from p2p_trainer.net.admission_commands import identity, invite
 from p2p_trainer.net.bootstrap_command import bootstrap
 from p2p_trainer.net.node_defaults import DEFAULT_PEER_IDENTITY
 from p2p_trainer.net.signals import install_stop_handlers
+from p2p_trainer.net.status_command import status
 
 if TYPE_CHECKING:
     from p2p_trainer.fault_points import FaultPoint
@@ -61,6 +65,7 @@ main.add_command(bootstrap)
 main.add_command(invite)
 main.add_command(identity)
 main.add_command(simulate)
+main.add_command(status)
 
 
 def _read_invitation(path: str | None) -> str:
@@ -155,6 +160,8 @@ def show_config(config: str | None, method: str | None, rounds: int | None, seed
     type=click.Path(dir_okay=False),
     help='Invitation file from `p2p-trainer invite` (swarms with security.admission = "invitations").',
 )
+@metrics_options("this peer")
+@log_format_option
 def join(
     config: str | None,
     method: str | None,
@@ -179,6 +186,9 @@ def join(
     snapshot_every: int,
     record_exchanges: str | None,
     invitation: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
 ) -> None:
     """Join a swarm as a training peer."""
     import torch
@@ -187,11 +197,19 @@ def join(
     from p2p_trainer.net.admission import InvitationError
     from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
     from p2p_trainer.net.identity import IdentityError
+    from p2p_trainer.net.node_metrics import MetricsPortError
     from p2p_trainer.net.records import RunDefinitionMismatch
     from p2p_trainer.run.join import JoinOptions, run_peer
+    from p2p_trainer.run.peer_metrics import PeerMetrics
     from p2p_trainer.train.data import DataError
 
+    use_log_format(log_format)  # after the imports above: hivemind's import sets its own handler
     cfg = resolve_config(config, method, rounds, seed)
+    invitation_text, kill_point = _read_invitation(invitation), _kill_point(kill_self_at)
+    try:  # bound before anything starts: an occupied port fails with nothing to clean up
+        monitor = PeerMetrics(metrics_host, metrics_port) if metrics_port is not None else None
+    except MetricsPortError as exc:
+        raise click.ClickException(str(exc)) from None
     if torch_threads:
         torch.set_num_threads(torch_threads)
     stop = threading.Event()
@@ -216,10 +234,11 @@ def join(
         device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
         data_key=data_key,
         swarm=swarm,
-        kill_self_at=_kill_point(kill_self_at),
+        kill_self_at=kill_point,
         snapshot_every=snapshot_every,
         record_exchanges=Path(record_exchanges) if record_exchanges else None,
-        invitation=_read_invitation(invitation),
+        invitation=invitation_text,
+        monitor=monitor,
     )
     try:
         code = run_peer(opts, stop)
@@ -235,6 +254,9 @@ def join(
         InvitationError,
     ) as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        if monitor is not None:
+            monitor.close()
     signum = stopped_by()
     sys.exit(128 + signum if code == 0 and signum is not None else code)
 
@@ -253,6 +275,7 @@ def join(
     help="Then run as many peers training alone (method independent, same rounds or --minutes, "
     "same data streams) and report the swarm's gain over them.",
 )
+@metrics_port_base_option
 def local(
     config: str | None,
     method: str | None,
@@ -263,6 +286,7 @@ def local(
     run_dir: str | None,
     no_live: bool,
     compare_independent: bool,
+    metrics_port_base: int | None,
 ) -> None:
     """Run a real swarm on this machine: one bootstrap node and N peer processes on loopback."""
     import os
@@ -271,6 +295,7 @@ def local(
     from p2p_trainer.run.launcher import LocalOptions
     from p2p_trainer.run.local_swarm import run_local
     from p2p_trainer.train.checkpoint import atomic_write_text
+    from p2p_trainer.train.data import DataError
 
     cfg = resolve_config(config, method, rounds, seed)
     out = Path(run_dir or f"runs/local-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -286,12 +311,13 @@ def local(
         max_minutes=minutes,
         torch_threads=threads,
         compare_independent=compare_independent,
+        metrics_port_base=metrics_port_base,
     )
     stop = threading.Event()
     stopped_by = install_stop_handlers(stop)
     try:
         summary = run_local(opts, show=not no_live, stop=stop)
-    except RuntimeError as exc:
+    except (RuntimeError, DataError) as exc:
         raise click.ClickException(str(exc)) from None
     _echo_local_summary(summary, peers, out)
     signum = stopped_by()

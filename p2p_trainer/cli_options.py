@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from p2p_trainer.config import METHODS
+from p2p_trainer.logs import LOG_FORMATS
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -93,3 +94,46 @@ def node_options(port: int, identity: str, initial_peers_required: bool) -> Deco
         return func
 
     return apply
+
+
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or as one JSON object per line (for log shippers).",
+)
+
+
+def metrics_options(what: str) -> Decorator:
+    """--metrics-port and --metrics-host: the opt-in Prometheus endpoint of a node."""
+    options = [
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help=f"Serve Prometheus metrics of {what} on this TCP port (off without it).",
+        ),
+        click.option(
+            "--metrics-host",
+            default="0.0.0.0",
+            show_default=True,
+            help="IP address the metrics endpoint listens on.",
+        ),
+    ]
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return apply
+
+
+metrics_port_base_option = click.option(
+    "--metrics-port-base",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Prometheus metrics on loopback: peer i on this port + i, the bootstrap node on this port + "
+    "--peers (off without it).",
+)

@@ -14,8 +14,10 @@ anchors (at round 0 the anchors themselves, which every peer starts from).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -337,8 +339,20 @@ class NoLoCo(_NoGradientSync, _BlockingExchanges):
         _finish(params, state, *new)
 
 
+def mixed_indices(patterns: Sequence[str], names: Sequence[str]) -> list[int] | None:
+    """Indices of the parameters partial Mix2 mixes (None: all of them)."""
+    if not patterns:
+        return None
+    chosen = [i for i, name in enumerate(names) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+    if not chosen:
+        shown = ", ".join(list(names)[:8]) + (", ..." if len(names) > 8 else "")
+        raise ValueError(f"outer.mix2_tensors={list(patterns)} matches no parameter (names: {shown})")
+    return chosen
+
+
 class FactoredGossip(_NoGradientSync, _BlockingExchanges):
-    """§3: Mix1 (background, anchors, group G1) overlaps the inner phase; Mix2 (blocking, Δ, G2)."""
+    """§3: Mix1 (background, anchors, group G1) overlaps the inner phase; Mix2 (blocking, Δ, G2),
+    over every parameter or the subset `outer.mix2_tensors` names (partial Mix2)."""
 
     def __init__(
         self,
@@ -347,9 +361,11 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         timing: GraceTracker | None = None,
         xcfg: ExchangeConfig = ExchangeConfig(),
         round_tokens: float = 1.0,
+        names: Sequence[str] = (),
     ) -> None:
         super().__init__(cfg, exchange, timing, xcfg, round_tokens)
         self._mix1: PendingExchange | None = None
+        self._mixed = mixed_indices(cfg.mix2_tensors, names)
 
     def begin_round(self, state: OuterState, weight: float) -> None:
         self._mix1 = self._start_behind("mix1", state, self.cfg.group_size, weight)
@@ -367,9 +383,14 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
         cfg = self.cfg
         delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
         if cfg.mix2_rounds > 0 and (state.round + 1) % cfg.mix2_every == 0:
+            chosen = self._mixed if self._mixed is not None else range(len(delta))
+            mixed = [delta[i] for i in chosen]
             for k in range(cfg.mix2_rounds):
-                res = self._average(delta, "mix2", state.round, cfg.mix2_group_size, weight, report, step=k)
-                delta = res.tensors if isinstance(res, Ok) else delta
+                res = self._average(mixed, "mix2", state.round, cfg.mix2_group_size, weight, report, step=k)
+                mixed = res.tensors if isinstance(res, Ok) else mixed
+            delta = list(delta)
+            for i, value in zip(chosen, mixed, strict=True):
+                delta[i] = value
         mixed_anchor = self._mix1_result(state, report)
         _finish(
             params,
@@ -434,9 +455,13 @@ def build_method(
     timing: GraceTracker | None = None,
     xcfg: ExchangeConfig = ExchangeConfig(),
     round_tokens: float = 1.0,
+    names: Sequence[str] = (),
 ) -> OuterMethod:
     """The strategy for `cfg.method`; `timing` is the peer's grace tracker (fed with step times),
-    `xcfg` how its exchanges run (quorum, grace, time limits, wire format), `round_tokens` the
-    tokens of one peer's full round (the floor of the weight bound, §10)."""
+    `xcfg` how its exchanges run (quorum, grace, time limits, codecs), `round_tokens` the
+    tokens of one peer's full round (the floor of the weight bound, §10), `names` the parameters'
+    names in order (for partial Mix2)."""
+    if cfg.method == "factored":
+        return FactoredGossip(cfg, exchange, timing, xcfg, round_tokens, names)
     method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing, xcfg, round_tokens)
     return method

@@ -72,6 +72,12 @@ class OuterConfig:
     """k2: consecutive Mix2 gossip rounds per blocking phase (0 skips Mix2)."""
     mix2_every: int = 1
     """Run Mix2 every K outer rounds (the knob between utilisation and agreement)."""
+    mix2_tensors: tuple[str, ...] = ()
+    """Partial Mix2: only the parameters whose names match one of these shell patterns (e.g.
+    "tok_emb.*", "blocks.0.*") mix their pseudo-gradients; the others keep their own Δ. Empty:
+    every parameter. Factored Gossip DiLoCo reports the embeddings, LM head and first two layers
+    (~43% of parameters) as enough: for the GPT "tok_emb.*", "pos_emb.*", "blocks.0.*",
+    "blocks.1.*" (its head is tied to tok_emb), 53% of the default model."""
     reagree_every: int = 8
     """DiLoCo: every this many rounds, and in the round after an exchange that merged only in part
     or failed, also average the anchors φ over all peers in the background (overlapping the inner
@@ -109,6 +115,10 @@ class OuterConfig:
         )
         require(self.mix2_rounds >= 0, "outer.mix2_rounds must be >= 0 (0 skips Mix2)")
         require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
+        require(
+            all(isinstance(p, str) and p for p in self.mix2_tensors),
+            f"outer.mix2_tensors={self.mix2_tensors!r}: use non-empty name patterns like 'blocks.0.*'",
+        )
         require(
             self.reagree_every >= 0,
             f"outer.reagree_every={self.reagree_every}: use >= 0 (0: after faults only)",
@@ -177,6 +187,11 @@ class RunConfig:
         }
         if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
             definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
+        if self.outer.mix2_tensors:  # peers mixing different subsets would send different sizes
+            definition["mix2_tensors"] = list(self.outer.mix2_tensors)
+        grid = self.exchange.codec_grid()
+        if grid:  # the parts' bounds lie on the codecs' grid: every member must cut them alike
+            definition["codecs"] = grid
         admission = self.security.admission_definition()
         if admission is not None:  # a closed swarm's peers must agree on who is let in
             definition["admission"] = admission

@@ -303,6 +303,19 @@ class ExchangeConfig:
             f"exchange.grace_min_s={self.grace_min_s} and grace_max_s={self.grace_max_s}: need 0 <= min <= max",
         )
 
+    def codec_grid(self) -> dict[str, object]:
+        """What peers must agree on about the update codecs (empty with the defaults): the grid the
+        butterfly cuts parts on depends on them."""
+        if not (self.update_codec or self.result_codec):
+            return {}
+        return {
+            "update_codec": self.update_codec,
+            "result_codec": self.result_codec,
+            "codec_block": self.codec_block,
+            "topk_chunk": self.topk_chunk,
+            "topk_fraction": self.topk_fraction,
+        }
+
     @property
     def pause_bound_s(self) -> float:
         """Longest a blocking exchange can hold a peer: quorum wait, grace, then results (≤ 2 · grace),

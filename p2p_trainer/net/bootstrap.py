@@ -65,14 +65,18 @@ def run_bootstrap(
     config: BootstrapConfig,
     stop_event: threading.Event,
     on_ready: Callable[[list[str]], None] | None = None,
+    on_start: Callable[[NetNode], None] | None = None,
 ) -> list[str]:
     """Serve the DHT until `stop_event` is set; return the node's multiaddrs.
 
-    `on_ready(maddrs)` is called once the node accepts connections; the same addresses are logged as
-    the `--initial-peers` text to paste elsewhere. Raises what `start_node` raises.
+    `on_start(node)` is called as soon as the node runs (the metrics endpoint watches it from
+    then on); `on_ready(maddrs)` once the node accepts connections; the same addresses are logged
+    as the `--initial-peers` text to paste elsewhere. Raises what `start_node` raises.
     """
     node = start_node(config.dht, stop=stop_event)
     try:
+        if on_start is not None:
+            on_start(node)
         maddrs = node.visible_maddrs()
         logger.info(
             "bootstrap node %s ready; on other machines pass: %s", node.peer_id, initial_peers_args(maddrs)

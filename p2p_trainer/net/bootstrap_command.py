@@ -11,7 +11,8 @@ import threading
 
 import click
 
-from p2p_trainer.cli_options import node_options
+from p2p_trainer.cli_options import log_format_option, metrics_options, node_options
+from p2p_trainer.logs import use_log_format
 from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_IDENTITY, DEFAULT_BOOTSTRAP_PORT
 from p2p_trainer.net.signals import install_stop_handlers
 
@@ -24,6 +25,8 @@ from p2p_trainer.net.signals import install_stop_handlers
 @click.option(
     "--connect-attempts", default=4, show_default=True, type=int, help="Tries of the initial peers."
 )
+@metrics_options("this node")
+@log_format_option
 def bootstrap(
     host: str,
     port: int,
@@ -32,13 +35,18 @@ def bootstrap(
     initial_peers: tuple[str, ...],
     status_interval_s: float,
     connect_attempts: int,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_format: str,
 ) -> None:
     """Run a long-lived DHT node that peers join; prints the --initial-peers text to use elsewhere."""
     from p2p_trainer.net.addresses import AddressError
     from p2p_trainer.net.bootstrap import BootstrapConfig, NodeDiedError, initial_peers_args, run_bootstrap
     from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
     from p2p_trainer.net.identity import IdentityError
+    from p2p_trainer.net.node_metrics import BootstrapMetrics, MetricsPortError
 
+    use_log_format(log_format)
     stop_event = threading.Event()
     stopped_by = install_stop_handlers(stop_event)
     dht = DHTConfig(
@@ -54,13 +62,26 @@ def bootstrap(
         click.echo(initial_peers_args(maddrs))
         sys.stdout.flush()
 
+    metrics = None
     try:
         config = BootstrapConfig(dht=dht, status_interval_s=status_interval_s)
-        run_bootstrap(config, stop_event, on_ready=on_ready)
-    except (AddressError, IdentityError, InitialPeersUnreachable, NodeDiedError, ValueError) as e:
+        # bound before the node starts: an occupied port fails with nothing to clean up
+        metrics = BootstrapMetrics(metrics_host, metrics_port) if metrics_port is not None else None
+        run_bootstrap(config, stop_event, on_ready=on_ready, on_start=metrics.watch if metrics else None)
+    except (
+        AddressError,
+        IdentityError,
+        InitialPeersUnreachable,
+        NodeDiedError,
+        MetricsPortError,
+        ValueError,
+    ) as e:
         raise click.ClickException(str(e)) from None
     except InterruptedError:
         pass
+    finally:
+        if metrics is not None:
+            metrics.close()
     signum = stopped_by()
     if signum is not None:
         sys.exit(128 + signum)

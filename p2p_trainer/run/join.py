@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
@@ -34,12 +35,16 @@ from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
 from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR, agree, final_request, wants_final_agreement
+from p2p_trainer.run.round_lines import ObservedWriter, RecordObserver, log_record
 from p2p_trainer.train.checkpoint import load_checkpoint, save_checkpoint
-from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.data import check_corpus, load_corpus
 from p2p_trainer.train.metrics import MetricsWriter, round_record
 from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
 from p2p_trainer.train.trainer import Peer, RoundMetrics
+
+if TYPE_CHECKING:
+    from p2p_trainer.run.peer_metrics import PeerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +90,8 @@ class JoinOptions:
     """Test tool: write every exchange's contribution and result here (`net/exchange_tap.py`)."""
     invitation: str = ""
     """This peer's invitation (`p2p-trainer invite`) to a swarm with `admission = "invitations"`."""
+    monitor: PeerMetrics | None = None
+    """The Prometheus endpoint (`--metrics-port`), already listening; told every record."""
 
 
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
@@ -111,6 +118,7 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
 
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     """Run one peer until its rounds are done, `opts.max_minutes` pass or `stop` is set; returns 0."""
+    check_corpus(opts.run)  # bad data fails here, before the DHT node starts
     # The swarm name scopes the DHT records; the run definition is then checked against the swarm's,
     # so a peer with a different model/method/data/seed is refused instead of forming its own swarm.
     node = join_swarm(
@@ -126,7 +134,10 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     with contextlib.ExitStack() as leave:  # closes what the stages opened, in reverse, however they end
         leave.callback(node.shutdown)
         rejoining = trained_before(opts.run_dir / "metrics.jsonl")
-        metrics = MetricsWriter(opts.run_dir / "metrics.jsonl")
+        observers: list[RecordObserver] = [log_record]
+        if opts.monitor is not None:
+            observers.append(opts.monitor.observe)
+        metrics = ObservedWriter(opts.run_dir / "metrics.jsonl", observers)
         leave.callback(metrics.close)
         joined = start(opts, node, metrics, leave)
         enter(joined, rejoining)
@@ -193,6 +204,8 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
         security=cfg.security,
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
+    if opts.monitor is not None:
+        opts.monitor.watch(node, view)
     peer = Peer(
         cfg,
         exchange,

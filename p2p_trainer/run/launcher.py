@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +53,8 @@ class LocalOptions:
     compare_independent: bool = False
     """After the swarm, run as many peers with method independent (same rounds or time bound, same
     data streams) under run_dir/independent, and report the swarm's gain over training alone."""
+    metrics_port_base: int | None = None
+    """Prometheus endpoints: peer i on this port + i, the bootstrap node on this port + peers."""
 
 
 def local_options(
@@ -69,7 +72,11 @@ def python_argv() -> list[str]:
 
 
 def bootstrap_argv(
-    identity: Path, host: str = LOOPBACK, port: int = 0, status_interval_s: float = 30.0
+    identity: Path,
+    host: str = LOOPBACK,
+    port: int = 0,
+    status_interval_s: float = 30.0,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """`p2p-trainer bootstrap`; it prints `--initial-peers <multiaddr>` on stdout once it listens."""
     return [
@@ -83,6 +90,7 @@ def bootstrap_argv(
         str(identity),
         "--status-interval-s",
         f"{status_interval_s:g}",
+        *extra,
     ]
 
 
@@ -186,6 +194,27 @@ def read_initial_peers(proc: subprocess.Popen[Any], log_path: Path, timeout_s: f
     )
 
 
+def check_metrics_ports(opts: LocalOptions) -> None:
+    """Raise `RuntimeError` naming `--metrics-port-base` if a port it gives is taken: found before
+    anything starts, not in one peer's log after the others are running."""
+    base = opts.metrics_port_base
+    if base is None:
+        return
+    names = [*(f"peer{i}" for i in range(opts.peers)), "the bootstrap node"]
+    for offset, name in enumerate(names):
+        port = base + offset
+        if port > 65535:
+            raise RuntimeError(f"--metrics-port-base {base}: {name} would need port {port}, past 65535")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((LOOPBACK, port))
+            except OSError as exc:
+                raise RuntimeError(
+                    f"--metrics-port-base {base}: port {port} for {name} is not free ({exc.strerror}); "
+                    f"pick another base"
+                ) from None
+
+
 class LocalSwarm:
     """A bootstrap node and peer processes on loopback, as tracked children.
 
@@ -207,11 +236,16 @@ class LocalSwarm:
         self.started.append(child)
         return child
 
+    def _metrics_args(self, offset: int) -> list[str]:
+        base = self.opts.metrics_port_base
+        return [] if base is None else ["--metrics-port", str(base + offset), "--metrics-host", LOOPBACK]
+
     def start_bootstrap(self) -> Child:
         log = self.opts.run_dir / "bootstrap.log"
-        boot = self._start(
-            Child("bootstrap", bootstrap_argv(self.opts.run_dir / "keys" / "bootstrap.key"), log)
+        argv = bootstrap_argv(
+            self.opts.run_dir / "keys" / "bootstrap.key", extra=self._metrics_args(self.opts.peers)
         )
+        boot = self._start(Child("bootstrap", argv, log))
         try:
             self.initial_peers = read_initial_peers(boot.proc, log, self.opts.startup_timeout_s)
         except BootstrapStartError:
@@ -222,6 +256,7 @@ class LocalSwarm:
 
     def start_peer(self, i: int, extra: Sequence[str] = ()) -> Child:
         """Start peer i (again, after a kill: under the same identity); `extra`: more join options."""
+        extra = [*self._metrics_args(i), *extra]  # a test's own --metrics-port comes last and wins
         argv = join_argv(peer_args(self.opts, i, extra=extra), self.initial_peers)
         log = self.opts.run_dir / f"peer{i}" / "log.txt"
         self.peers[i] = self._start(Child(f"peer{i}", argv, log, thread_env(self.opts.torch_threads)))

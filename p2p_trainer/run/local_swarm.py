@@ -26,8 +26,9 @@ from p2p_trainer.processes import Child, wait_all
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, RunLog, read_log
 from p2p_trainer.run.consensus import compare_peers, gain, mean_anchor
 from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR
-from p2p_trainer.run.launcher import LocalOptions, LocalSwarm, local_options
+from p2p_trainer.run.launcher import LocalOptions, LocalSwarm, check_metrics_ports, local_options
 from p2p_trainer.train.checkpoint import atomic_write_text, read_anchor
+from p2p_trainer.train.data import check_corpus
 from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
 
 logger = logging.getLogger(__name__)
@@ -216,8 +217,10 @@ def run_local(opts: LocalOptions, show: bool = True, stop: threading.Event | Non
     `opts.compare_independent` (and no stop), the independent peers. Returns the summary.
 
     Without `stop`, SIGINT and SIGTERM set one of its own for the duration (a caller that passes
-    `stop` owns the signal handlers, e.g. to know which signal ended the run).
+    `stop` owns the signal handlers, e.g. to know which signal ended the run). Bad data raises
+    `DataError` before any process starts.
     """
+    check_corpus(opts.run)
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     previous = {}
     if stop is None:
@@ -274,6 +277,7 @@ def with_independent(swarm: dict[str, Any], alone: dict[str, Any], alone_dir: Pa
 def _run_swarm(opts: LocalOptions, show: bool, stop: threading.Event) -> dict[str, Any]:
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    check_metrics_ports(opts)
     swarm = LocalSwarm(opts)
     try:
         swarm.start_bootstrap()

@@ -72,7 +72,8 @@ class Peer:
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.faults = faults
         self.model: LanguageModel = build_model(cfg.model, cfg.seed).to(self.device)
-        self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for _, p in named]
         inner = cfg.inner
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -92,7 +93,8 @@ class Peer:
         # top-up included)
         full = cfg.outer.num_inner_steps * cfg.inner.grad_accum * micro_batch_tokens(cfg)
         round_tokens = float(max(full, cfg.outer.target_tokens_per_round))
-        self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange, round_tokens)
+        names = [n for n, _ in named]
+        self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange, round_tokens, names)
         self.state = OuterState.from_params(self.params)
         self.step = 0
         self.skip_steps = 0

@@ -30,7 +30,14 @@ def _imported_modules(argv: list[str]) -> set[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["join", "--help"], ["local", "--help"], ["bootstrap", "--help"], ["simulate", "--help"]],
+    [
+        ["--help"],
+        ["join", "--help"],
+        ["local", "--help"],
+        ["bootstrap", "--help"],
+        ["simulate", "--help"],
+        ["status", "--help"],
+    ],
 )
 def test_help_answers_without_importing_torch(argv: list[str]) -> None:
     modules = _imported_modules(argv)
@@ -48,7 +55,11 @@ def test_shared_notions_have_one_name_and_type_everywhere() -> None:
     shared = {
         ("local", "join", "inprocess", "config"): ["--config", "--method", "--rounds", "--seed"],
         ("local", "join"): ["--minutes", "--run-dir"],
-        ("join", "bootstrap"): ["--host", "--port", "--announce-host", "--identity", "--initial-peers"],
+        ("join", "bootstrap"): [
+            *("--host", "--port", "--announce-host", "--identity", "--initial-peers"),
+            *("--metrics-port", "--metrics-host", "--log-format"),
+        ],
+        ("join", "bootstrap", "status"): ["--initial-peers"],
     }
     for commands, names in shared.items():
         for name in names:

@@ -33,29 +33,44 @@ from p2p_trainer.config import RunConfig, load_config
 from p2p_trainer.run.threads import run_inprocess
 from p2p_trainer.train.checkpoint import atomic_write_text
 
+SPARSELOCO_STEP = {"outer_momentum": 0.0, "outer_lr": 4.0}
+"""SparseLoCo's outer step (no outer momentum: the decayed residual plays it), with α tuned on seed
+300 over 1, 2, 4, 8 (bench/results/codecs-tuning): the mean of sparse contributions whose
+supports differ is diluted up to the group size, and a larger step makes up for it."""
+TOPK = {"update_codec": "topk", "result_codec": "topk"}
+
 ARMS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    # name: ([exchange] overrides, [outer] overrides)
+    # name: ([exchange] overrides, [outer] overrides); the reported arms
     "float32": ({"update_codec": "float32"}, {}),
     "int8": ({"update_codec": "int8", "result_codec": "int8"}, {}),
     "int8-no-ef": ({"update_codec": "int8", "result_codec": "int8", "error_feedback": False}, {}),
     "int4": ({"update_codec": "int4", "result_codec": "int8"}, {}),
     "int4-no-ef": ({"update_codec": "int4", "result_codec": "int8", "error_feedback": False}, {}),
-    "topk": ({"update_codec": "topk", "result_codec": "topk"}, {}),
-    "topk-no-ef": ({"update_codec": "topk", "result_codec": "topk", "error_feedback": False}, {}),
-    # SparseLoCo's outer step: no outer momentum, the decayed residual plays it
-    "topk-sparseloco": (
-        {"update_codec": "topk", "result_codec": "topk", "error_feedback_decay": 0.95},
-        {"outer_momentum": 0.0, "outer_lr": 1.0},
-    ),
+    "topk": ({**TOPK, "error_feedback_decay": 0.95}, SPARSELOCO_STEP),
+    "topk-no-ef": ({**TOPK, "error_feedback": False}, SPARSELOCO_STEP),
 }
-TARGETS = {"int8": 0.005, "int4": 0.01, "topk": 0.02, "topk-sparseloco": 0.02}
+TUNING: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # top-k's outer step, on the tuning seed only
+    "topk-diloco-step": (TOPK, {}),
+    "topk-diloco-step-a2": (TOPK, {"outer_lr": 2.0}),
+    "topk-m0-a4": (TOPK, {"outer_momentum": 0.0, "outer_lr": 4.0}),
+    **{
+        f"topk-sparseloco-a{a:g}": (
+            {**TOPK, "error_feedback_decay": 0.95},
+            {"outer_momentum": 0.0, "outer_lr": a},
+        )
+        for a in (1.0, 2.0, 4.0, 8.0)
+    },
+}
+ALL_ARMS = {**ARMS, **TUNING}
+TARGETS = {"int8": 0.005, "int4": 0.01, "topk": 0.02}
 """The issue's acceptance: relative loss increase over float32 at equal tokens."""
 METHOD = "diloco-h20"
 
 
 def arm_config(base: RunConfig, arm: str, steps: int, seed: int, batch: int, seq_len: int) -> RunConfig:
     cfg = variant_config(base, METHOD, steps, seed, batch, seq_len)
-    exchange, outer = ARMS[arm]
+    exchange, outer = ALL_ARMS[arm]
     return dataclasses.replace(
         cfg,
         exchange=dataclasses.replace(cfg.exchange, **exchange),
@@ -76,7 +91,7 @@ def table(runs: list[dict[str, Any]], seeds: list[int]) -> str:
         "× fewer than float32 | seeds |",
         "|---|---|---|---|---|---|---|",
     ]
-    for arm in ARMS:
+    for arm in [a for a in ALL_ARMS if any(r["arm"] == a for r in runs)]:
         rs = [by[(arm, s)] for s in seeds if (arm, s) in by]
         if not rs:
             continue
@@ -102,6 +117,14 @@ def table(runs: list[dict[str, Any]], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _header(args: argparse.Namespace) -> str:
+    return (
+        f"{args.peers} peers in process, DiLoCo H=20 (α 0.7, β 0.9 unless the arm says), "
+        f"{args.steps} inner steps each, seeds {args.seeds}, default model, batch {args.batch_size} × "
+        f"{args.seq_len}; {platform.node()}, {os.cpu_count()} cores"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs") / "codecs")
@@ -110,8 +133,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--seeds", type=int, nargs="+", default=[200, 201, 202])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ALL_ARMS))
+    p.add_argument("--merge", type=Path, nargs="+", default=[], help="Only tabulate these runs.json dirs.")
     args = p.parse_args(argv)
+    if args.merge:
+        merged = [r for d in args.merge for r in json.loads((d / "runs.json").read_text())]
+        merged = [r for r in merged if r["steps"] == args.steps]
+        md = f"{_header(args)}\n\n{table(merged, args.seeds)}\n"
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out / "table.md", md)
+        print(md)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "runs.json"
     runs: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
@@ -140,12 +172,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"  consensus {result['consensus']:.4f}, {result['bytes_per_round']:,.0f} B/round", flush=True
             )
     mine = [r for r in runs if r["steps"] == args.steps]
-    header = (
-        f"{args.peers} peers in process, DiLoCo H=20 (α 0.7, β 0.9), {args.steps} inner steps each, "
-        f"seeds {args.seeds}, default model, batch {args.batch_size} × {args.seq_len}; "
-        f"{platform.node()}, {os.cpu_count()} cores"
-    )
-    md = f"{header}\n\n{table(mine, args.seeds)}\n"
+    md = f"{_header(args)}\n\n{table(mine, args.seeds)}\n"
     atomic_write_text(args.out / "table.md", md)
     print(md)
 

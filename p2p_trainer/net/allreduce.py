@@ -311,10 +311,13 @@ async def butterfly_average(
     contributed: Callable[[], None] | None = None,
     on_late: Callable[[float], None] | None = None,
     reference: torch.Tensor | None = None,
+    on_sent_late: Callable[[int], None] | None = None,
 ) -> ExchangeResult:
     """`contributed` (a fault-injection point for tests) runs once phase 1's sends are delivered;
     `on_late` gets the offset from the start at which contributions that missed the window arrived;
-    `reference` is what `flat` is compared with (§10): None for none known, an empty tensor for zero."""
+    `reference` is what `flat` is compared with (§10): None for none known, an empty tensor for zero;
+    `on_sent_late` gets the payload bytes of sends acknowledged after the result was returned
+    (`Ok.bytes_sent` counts those acknowledged before), so that no delivered byte goes uncounted."""
     started, started_unix = time.monotonic(), time.time()
     n, me = len(group.members), group.members.index(group.me)
     if group.defence is not None:
@@ -343,15 +346,21 @@ async def butterfly_average(
             group.defence, group.members, me, group.key, data, reference, bounds, decoded, weight
         )
 
-    moved = 0
+    delivered, returned = 0, False
+    """Payload bytes the receivers have acknowledged so far (not those merely scheduled)."""
+
+    async def deliver(j: int, header: dict[str, object], payload: bytes) -> bool:
+        nonlocal delivered
+        ok = await send_with_retries(transport, group.members[j], header, payload, deadline, health)
+        if ok and returned and on_sent_late is not None:
+            on_sent_late(len(payload))
+        elif ok:
+            delivered += len(payload)
+        return ok
 
     def send(j: int, phase: str, part: int, payload: bytes, extra: dict[str, object]) -> asyncio.Task[bool]:
-        nonlocal moved
-        moved += len(payload)
         header = {"key": f"{group.key}|{phase}|{part}", **extra}
-        return asyncio.create_task(
-            send_with_retries(transport, group.members[j], header, payload, deadline, health)
-        )
+        return asyncio.create_task(deliver(j, header, payload))
 
     def contribution(j: int) -> tuple[bytes, dict[str, object]]:
         a, b = bounds[j]
@@ -395,6 +404,7 @@ async def butterfly_average(
         finishing.append(asyncio.create_task(_watch_late(arrivals.late, started, deadline, on_late)))
     _finish_in_background(finishing, transport, group.key)
     elapsed = time.monotonic() - started
+    returned = True  # sends acknowledged from now on are reported through `on_sent_late`
     own_parts = sum(1 for s in sizes if s == 1)
     if max(sizes) == 1:
         return Failed(
@@ -407,7 +417,7 @@ async def butterfly_average(
         [torch.from_numpy(out)],
         group_size=min(sizes),
         total_weight=total_w,
-        bytes_sent=moved,
+        bytes_sent=delivered,
         bytes_received=arrivals.received + results_received,
         elapsed_s=elapsed,
         left_out=tuple(sorted(left_out)),

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -117,6 +118,10 @@ class NetworkExchange:
         self._late_s = 0.0
         """Latest offset at which a contribution that missed its window arrived (0: none since
         the last result): reported with the next result, for the grace window (§4)."""
+        self._late_bytes = 0
+        """Payload bytes acknowledged after their exchange's result was returned: added to the
+        next result's `bytes_sent`, so the rounds' counts add up to what was delivered."""
+        self._late_lock = threading.Lock()
 
     def _live(self) -> set[str]:
         return set(self.live_peers()) | {self.me}
@@ -184,6 +189,7 @@ class NetworkExchange:
                 contributed,
                 self._observe_late,
                 reference,
+                self._observe_sent_late,
             )
         )
         annotate = self._with_late
@@ -203,9 +209,19 @@ class NetworkExchange:
             return res
         return Failed("no reference to bound the others' values yet (§10): own tensors kept", res.elapsed_s)
 
+    def _observe_sent_late(self, n_bytes: int) -> None:
+        with self._late_lock:
+            self._late_bytes += n_bytes
+
     def _with_late(self, res: ExchangeResult) -> ExchangeResult:
         late, self._late_s = self._late_s, 0.0
-        return dataclasses.replace(res, arrival_s=max(res.arrival_s, late)) if late else res
+        if late:
+            res = dataclasses.replace(res, arrival_s=max(res.arrival_s, late))
+        if isinstance(res, Ok):
+            with self._late_lock:
+                sent_late, self._late_bytes = self._late_bytes, 0
+            res = dataclasses.replace(res, bytes_sent=res.bytes_sent + sent_late)
+        return res
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         return self.start(tensors, request).result(request.timeout_s + 1.0)

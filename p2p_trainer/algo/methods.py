@@ -186,6 +186,7 @@ class _BlockingExchanges:
         weight: float,
         tensors: list[torch.Tensor] | None = None,
         reference: tuple[torch.Tensor, ...] | None = None,
+        step: int = 0,
     ) -> PendingExchange:
         """Start averaging the anchor in the background, for the length of the round's inner steps.
 
@@ -196,7 +197,7 @@ class _BlockingExchanges:
         """
         if tensors is None:
             tensors, reference = state.anchor, self._model_reference(state.round, state.anchor)
-        req = self._request(tag, state.round, group, weight, 0, reference)
+        req = self._request(tag, state.round, group, weight, step, reference)
         behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
         wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
@@ -463,5 +464,9 @@ def build_method(
     names in order (for partial Mix2)."""
     if cfg.method == "factored":
         return FactoredGossip(cfg, exchange, timing, xcfg, round_tokens, names)
+    if cfg.method == "diloco" and cfg.fragments > 1:
+        from p2p_trainer.algo.streaming import StreamingDiLoCo  # it builds on DiLoCo, defined here
+
+        return StreamingDiLoCo(cfg, exchange, timing, xcfg, round_tokens)
     method: OuterMethod = _METHODS[cfg.method](cfg, exchange, timing, xcfg, round_tokens)
     return method

@@ -83,6 +83,14 @@ class OuterConfig:
     or failed, also average the anchors φ over all peers in the background (overlapping the inner
     steps, like Mix1), so anchors that drifted apart (a member died mid-exchange, views differed)
     agree again. 0: only after such exchanges. Other methods mix their anchors already."""
+    fragments: int = 1
+    """P (DiLoCo only; Streaming DiLoCo): the parameters are cut into P fragments of about equal
+    size and each round averages one of them in turn, so each fragment is averaged every P rounds
+    and a round moves 1/P of the model (peak bandwidth ÷ P). For a fragment sync interval of H
+    inner steps, set num_inner_steps to H / P. 1: the whole model every round."""
+    fragment_overlap: bool = True
+    """With fragments > 1: a fragment's exchange runs behind the next round's inner steps and its
+    outer step lands at that round's end, keeping the inner steps made meanwhile (§1)."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
@@ -115,6 +123,11 @@ class OuterConfig:
         )
         require(self.mix2_rounds >= 0, "outer.mix2_rounds must be >= 0 (0 skips Mix2)")
         require(self.mix2_every >= 1, "outer.mix2_every must be >= 1")
+        require(self.fragments >= 1, f"outer.fragments={self.fragments}: use >= 1 (1: no fragments)")
+        require(
+            self.fragments == 1 or self.method == "diloco",
+            f"outer.fragments={self.fragments} applies to method diloco only; set it to 1 for {self.method}",
+        )
         require(
             all(isinstance(p, str) and p for p in self.mix2_tensors),
             f"outer.mix2_tensors={self.mix2_tensors!r}: use non-empty name patterns like 'blocks.0.*'",
@@ -187,6 +200,8 @@ class RunConfig:
         }
         if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
             definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
+        if self.outer.fragments > 1:  # fragments of different cuts would not fit one another
+            definition["fragments"] = self.outer.fragments
         if self.outer.mix2_tensors:  # peers mixing different subsets would send different sizes
             definition["mix2_tensors"] = list(self.outer.mix2_tensors)
         grid = self.exchange.codec_grid()

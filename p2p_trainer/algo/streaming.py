@@ -1,0 +1,149 @@
+"""Streaming DiLoCo (§1, arXiv 2501.18512): DiLoCo's outer step one fragment of the model at a time.
+
+The parameters are cut into P fragments of about equal size (`split_fragments`, contiguous in
+parameter order). Round r averages fragment p = r mod P over all peers: Δ_p = φ_p − θ_p, then
+DiLoCo's Nesterov step on (φ_p, m_p) only. Each fragment is averaged every P rounds and a round
+moves 1/P of the model, so the link's peak load falls by P.
+
+With overlap (`outer.fragment_overlap`, the default) the fragment's exchange is started at the
+round's end and runs behind the next round's inner steps; its outer step lands at that round's
+end: φ_p, m_p ← step(φ_p, m_p, mean Δ_p), and θ_p ← φ_p + (θ_p − θ_p at the exchange's start),
+so the inner steps made while the exchange was under way are kept on top of the new anchor. A
+failed or partial exchange applies the peer's own Δ_p (the group of one) and, as in DiLoCo,
+starts a re-agreement of all anchors and momenta in the next round; the re-agreement's
+correction of φ is added to θ as well, so the local progress is kept through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from p2p_trainer.algo import outer
+from p2p_trainer.algo.methods import DiLoCo, OuterState, RoundReport, copy_into, merged_fully
+from p2p_trainer.exchange.interface import ALL, ZERO, ExchangeRequest, Ok, PendingExchange
+
+TAG = "fragment"
+
+
+def split_fragments(sizes: list[int], parts: int) -> list[list[int]]:
+    """Tensor indices of `parts` contiguous fragments of about equal total size (none empty)."""
+    if parts > len(sizes):
+        raise ValueError(f"outer.fragments={parts} exceeds the model's {len(sizes)} parameter tensors")
+    fragments: list[list[int]] = []
+    current: list[int] = []
+    total, acc = sum(sizes), 0
+    for i, size in enumerate(sizes):
+        current.append(i)
+        acc += size
+        left_tensors, left_parts = len(sizes) - i - 1, parts - len(fragments) - 1
+        full = acc >= total * (len(fragments) + 1) / parts
+        if left_parts > 0 and (full or left_tensors == left_parts):
+            fragments.append(current)
+            current = []
+    fragments.append(current)
+    return fragments
+
+
+@dataclass
+class _InFlight:
+    fragment: int
+    pending: PendingExchange
+    request: ExchangeRequest
+    sent: list[torch.Tensor]
+    """What was sent (Δ_p plus any error feedback)."""
+    delta: list[torch.Tensor]
+    """Δ_p itself: applied alone if the exchange fails."""
+    snapshot: list[torch.Tensor]
+    """θ_p at the exchange's start."""
+
+
+class StreamingDiLoCo(DiLoCo):
+    """DiLoCo with `outer.fragments` > 1 (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fragments: list[list[int]] | None = None
+        """Tensor indices per fragment, cut at the first round (the parameters' sizes)."""
+        self._flight: _InFlight | None = None
+        """The fragment exchange running behind this round's inner steps."""
+
+    def end_round(
+        self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
+    ) -> None:
+        cfg = self.cfg
+        if self._fragments is None:
+            self._fragments = split_fragments([p.numel() for p in params], cfg.fragments)
+        fast = [p.detach().float().clone() for p in params]
+        anchor, momentum = self._mixed_state(state, report)
+        if anchor is not state.anchor:  # a re-agreement landed: keep the local progress on top of it
+            fast = [f + (a - a0) for f, a, a0 in zip(fast, anchor, state.anchor, strict=True)]
+        anchor, momentum = list(anchor), list(momentum)
+        if self._flight is not None:
+            self._land(self._flight, anchor, momentum, fast, report)
+            self._flight = None
+        p = state.round % cfg.fragments
+        chosen = self._fragments[p]
+        delta = [anchor[i] - fast[i] for i in chosen]
+        if cfg.fragment_overlap:
+            self._flight = self._launch(p, delta, [fast[i].clone() for i in chosen], state, weight)
+        else:
+            res = self._average(delta, TAG, state.round, ALL, weight, report, step=p)
+            self._diverged = self._diverged or not merged_fully(res)
+            self._step(chosen, res.tensors if isinstance(res, Ok) else delta, anchor, momentum)
+            for i in chosen:
+                fast[i] = anchor[i].clone()
+        state.anchor, state.momentum = anchor, momentum
+        state.round += 1
+        copy_into(params, fast)
+
+    def _launch(
+        self,
+        p: int,
+        delta: list[torch.Tensor],
+        snapshot: list[torch.Tensor],
+        state: OuterState,
+        weight: float,
+    ) -> _InFlight:
+        request = self._request(TAG, state.round, ALL, weight, p, ZERO)
+        feedback = request.codec.lossy and self.xcfg.error_feedback
+        sent = self.feedback.contribution((TAG, p), delta) if feedback else delta
+        pending = self._start_behind(TAG, state, ALL, weight, sent, ZERO, step=p)
+        return _InFlight(p, pending, request, sent, delta, snapshot)
+
+    def _land(
+        self,
+        flight: _InFlight,
+        anchor: list[torch.Tensor],
+        momentum: list[torch.Tensor],
+        fast: list[torch.Tensor],
+        report: RoundReport,
+    ) -> None:
+        assert self._fragments is not None
+        res = self._take(TAG, flight.pending, self.xcfg.mix1_grace_s, report)
+        if isinstance(res, Ok) and flight.request.codec.lossy and self.xcfg.error_feedback:
+            self.feedback.delivered((TAG, flight.fragment), flight.sent, flight.request.codec)
+        self._diverged = self._diverged or not merged_fully(res)
+        chosen = self._fragments[flight.fragment]
+        self._step(chosen, res.tensors if isinstance(res, Ok) else flight.delta, anchor, momentum)
+        for j, i in enumerate(chosen):
+            fast[i] = anchor[i] + (fast[i] - flight.snapshot[j])
+
+    def _step(
+        self,
+        chosen: list[int],
+        mean_delta: list[torch.Tensor],
+        anchor: list[torch.Tensor],
+        momentum: list[torch.Tensor],
+    ) -> None:
+        phi, m = outer.nesterov_outer_step(
+            [anchor[i] for i in chosen],
+            [momentum[i] for i in chosen],
+            mean_delta,
+            self.cfg.outer_lr,
+            self.cfg.outer_momentum,
+        )
+        for j, i in enumerate(chosen):
+            anchor[i], momentum[i] = phi[j], m[j]

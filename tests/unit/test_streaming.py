@@ -1,0 +1,134 @@
+"""Streaming DiLoCo (outer.fragments): one fragment per round, optionally behind the next round."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from p2p_trainer.algo.methods import OuterState, RoundReport, build_method
+from p2p_trainer.algo.streaming import StreamingDiLoCo, split_fragments
+from p2p_trainer.config import ConfigError, ExchangeConfig, OuterConfig, RunConfig
+from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Ok
+from p2p_trainer.run.threads import run_inprocess
+from tests.conftest import tiny_config
+
+
+def test_fragments_are_contiguous_balanced_and_cover_every_tensor() -> None:
+    sizes = [100, 10, 10, 50, 50, 10, 70]
+    fragments = split_fragments(sizes, 3)
+    assert [i for f in fragments for i in f] == list(range(len(sizes)))
+    assert all(f for f in fragments) and len(fragments) == 3
+    totals = [sum(sizes[i] for i in f) for f in fragments]
+    assert max(totals) <= 2 * min(totals), totals
+    assert split_fragments([1, 1, 1], 3) == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="exceeds the model's 3 parameter tensors"):
+        split_fragments([1, 1, 1], 4)
+
+
+def test_fragments_are_for_diloco_and_part_of_the_run_definition() -> None:
+    with pytest.raises(ConfigError, match="applies to method diloco only"):
+        OuterConfig.for_method("factored", fragments=2)
+    base = RunConfig(outer=OuterConfig.for_method("diloco"))
+    streaming = dataclasses.replace(base, outer=OuterConfig.for_method("diloco", fragments=4))
+    assert streaming.run_definition()["fragments"] == 4 and "fragments" not in base.run_definition()
+
+
+class _Partner:
+    """A partner whose Δ is always zero (the mean is half of ours), finishing at once."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int, int, list[int]]] = []
+
+    def _mean(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> Ok:
+        self.requests.append((request.tag, request.round, request.gossip_step, [t.numel() for t in tensors]))
+        return Ok([t / 2 for t in tensors], group_size=2, total_weight=2.0)
+
+    def average(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        return self._mean(tensors, request)
+
+    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> object:
+        res = self._mean([t.clone() for t in tensors], request)
+
+        class Done:
+            def done(self) -> bool:
+                return True
+
+            def result(self, timeout_s: float) -> ExchangeResult:
+                return res
+
+        return Done()
+
+    def num_live_peers(self) -> int:
+        return 2
+
+    def close(self) -> None:
+        return None
+
+
+def _method(overlap: bool) -> tuple[StreamingDiLoCo, _Partner]:
+    cfg = OuterConfig.for_method(
+        "diloco", fragments=2, fragment_overlap=overlap, outer_lr=1.0, outer_momentum=0.0, reagree_every=0
+    )
+    partner = _Partner()
+    method = build_method(cfg, partner, xcfg=ExchangeConfig())  # type: ignore[arg-type]
+    assert isinstance(method, StreamingDiLoCo)
+    return method, partner
+
+
+def _train(params: list[torch.Tensor], by: float) -> None:
+    with torch.no_grad():
+        for p in params:
+            p -= by
+
+
+def test_without_overlap_each_round_steps_one_fragment_and_keeps_the_others_local() -> None:
+    method, partner = _method(overlap=False)
+    params = [torch.zeros(6), torch.zeros(6)]
+    state = OuterState.from_params(params)
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)  # Δ = 1 everywhere
+    method.end_round(params, state, 1.0, RoundReport(0))
+    assert partner.requests == [("fragment", 0, 0, [6])]
+    # α = 1, β = 0: fragment 0's anchor moves by the mean Δ (1/2); θ_0 ← φ_0; fragment 1 untouched
+    assert torch.equal(state.anchor[0], torch.full((6,), -0.5)) and torch.equal(params[0], state.anchor[0])
+    assert torch.equal(state.anchor[1], torch.zeros(6)) and torch.equal(params[1], torch.full((6,), -1.0))
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(1))
+    assert partner.requests[1] == ("fragment", 1, 1, [6])
+    # fragment 1 had two rounds of local progress: Δ_1 = 2, mean 1
+    assert torch.equal(state.anchor[1], torch.full((6,), -1.0)) and torch.equal(params[1], state.anchor[1])
+    assert torch.equal(params[0], torch.full((6,), -1.5)) and state.round == 2
+
+
+def test_with_overlap_the_step_lands_a_round_later_and_keeps_the_steps_made_meanwhile() -> None:
+    method, partner = _method(overlap=True)
+    params = [torch.zeros(6), torch.zeros(6)]
+    state = OuterState.from_params(params)
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(0))
+    # started, not landed: anchors unchanged, θ keeps training
+    assert torch.equal(state.anchor[0], torch.zeros(6)) and torch.equal(params[0], torch.full((6,), -1.0))
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(1))
+    # fragment 0 landed: φ_0 = 0 − 1/2; θ_0 = φ_0 + (θ_0 now − θ_0 at the start) = −0.5 − 1
+    assert torch.equal(state.anchor[0], torch.full((6,), -0.5))
+    assert torch.equal(params[0], torch.full((6,), -1.5))
+    # fragment 1 was sent at the end of round 1 (Δ_1 = 2) and lands next round
+    assert partner.requests[1] == ("fragment", 1, 1, [6])
+    assert torch.equal(state.anchor[1], torch.zeros(6)) and torch.equal(params[1], torch.full((6,), -2.0))
+
+
+def test_a_streaming_swarm_learns_in_process() -> None:
+    cfg = tiny_config("diloco", rounds=8, h=5)
+    cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, fragments=2, reagree_every=0))
+    res = run_inprocess(cfg, 2)
+    assert res.failed_exchanges == 0
+    first = [h[0].train_loss for h in res.history]
+    last = [h[-1].train_loss for h in res.history]
+    assert all(b < a - 0.3 for a, b in zip(first, last, strict=True)), (first, last)
+    assert res.mean_model_val_loss < 5.0

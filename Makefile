@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PEERS ?= 4
 
-.PHONY: setup run test lint typecheck unit integration bench-check clean
+.PHONY: setup run test lint typecheck unit integration browser nat-tools bench-check clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,15 @@ unit: setup
 integration: setup
 	$(BIN)/pytest -q tests/integration
 
-test: lint typecheck
+# the dashboard's browser test needs chromium: installed here when missing, as root (else it skips)
+browser:
+	@.ci/install-chromium
+
+# the NAT tests build routers with iptables: installed here when missing, as root (else they skip)
+nat-tools:
+	@.ci/install-iptables
+
+test: lint typecheck browser nat-tools
 	$(BIN)/pytest -q -rs --durations=15 -m "not bench" tests
 
 # the benchmarks' own end-to-end runs and quality targets (quick WAN head-to-head, loss under

@@ -12,11 +12,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from p2p_trainer.cli_options import (
+    initial_peers_file_option,
     log_format_option,
     metrics_options,
     metrics_port_base_option,
@@ -25,7 +26,9 @@ from p2p_trainer.cli_options import (
     run_config_options,
     run_dir_option,
 )
-from p2p_trainer.config import ConfigError, RunConfig, load_config, to_toml
+from p2p_trainer.config import ConfigError, to_toml
+from p2p_trainer.config_command import config_group, resolve_config
+from p2p_trainer.dashboard.dashboard_command import dashboard, dashboard_port_option
 from p2p_trainer.lab.sim.command import simulate
 from p2p_trainer.logs import setup_logging, use_log_format
 from p2p_trainer.net.admission_commands import identity, invite
@@ -33,23 +36,12 @@ from p2p_trainer.net.bootstrap_command import bootstrap
 from p2p_trainer.net.node_defaults import DEFAULT_PEER_IDENTITY
 from p2p_trainer.net.signals import install_stop_handlers
 from p2p_trainer.net.status_command import status
+from p2p_trainer.run.model_commands import evaluate, sample, tokenizer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from p2p_trainer.fault_points import FaultPoint
-
-
-def resolve_config(
-    config: str | None, method: str | None = None, rounds: int | None = None, seed: int | None = None
-) -> RunConfig:
-    """The config file (or the packaged default), with command-line overrides on top.
-
-    `--method` changes only the method: the file's other [outer] values stay, and the method's
-    reference values fill only what the file leaves unset (`load_config`).
-    """
-    try:
-        return load_config(config, method=method, rounds=rounds, seed=seed)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 @click.group()
@@ -66,6 +58,11 @@ main.add_command(invite)
 main.add_command(identity)
 main.add_command(simulate)
 main.add_command(status)
+main.add_command(dashboard)
+main.add_command(config_group)
+main.add_command(tokenizer)
+main.add_command(sample)
+main.add_command(evaluate)
 
 
 def _read_invitation(path: str | None) -> str:
@@ -94,16 +91,25 @@ def _kill_point(text: str | None) -> tuple[FaultPoint, int] | None:
         raise click.BadParameter(str(exc), param_hint="--kill-self-at") from None
 
 
-@main.command("config")
-@run_config_options
-def show_config(config: str | None, method: str | None, rounds: int | None, seed: int | None) -> None:
-    """Print the resolved run config (every field) as TOML: what `local` and `join` would run."""
-    click.echo(to_toml(resolve_config(config, method, rounds, seed)), nl=False)
+def _wait_for_initial_peers(
+    path: str, timeout_s: float, stop: threading.Event, stopped_by: Callable[[], int | None]
+) -> tuple[str, ...]:
+    """The multiaddrs in --initial-peers-file, once the bootstrap node has written it."""
+    from p2p_trainer.net.address_file import wait_for_address_file
+    from p2p_trainer.net.addresses import AddressError
+
+    try:
+        return tuple(wait_for_address_file(path, timeout_s, stop))
+    except AddressError as exc:
+        raise click.ClickException(str(exc)) from None
+    except InterruptedError:
+        sys.exit(128 + (stopped_by() or signal.SIGINT))
 
 
 @main.command()
 @run_config_options
-@node_options(0, DEFAULT_PEER_IDENTITY, initial_peers_required=True)
+@node_options(0, DEFAULT_PEER_IDENTITY, initial_peers_required=False)
+@initial_peers_file_option
 @run_dir_option("runs/peer", "Where metrics.jsonl and checkpoints go.")
 @click.option(
     "--wait-for-peers",
@@ -138,6 +144,14 @@ def show_config(config: str | None, method: str | None, rounds: int | None, seed
     help="Name of the swarm to join on these bootstrap nodes.",
 )
 @click.option(
+    "--relay",
+    type=click.Choice(["auto", "off"]),
+    default="auto",
+    show_default=True,
+    help="auto: reach peers behind NAT through the bootstrap nodes' relay, and behind NAT keep "
+    "connections to the peers this one can dial; off: neither (README, Peers behind NAT).",
+)
+@click.option(
     "--kill-self-at", default=None, hidden=True, help="Test tool: PHASE:ROUND to SIGKILL this node at."
 )
 @click.option(
@@ -160,6 +174,12 @@ def show_config(config: str | None, method: str | None, rounds: int | None, seed
     type=click.Path(dir_okay=False),
     help='Invitation file from `p2p-trainer invite` (swarms with security.admission = "invitations").',
 )
+@click.option(
+    "--ignore-env",
+    is_flag=True,
+    hidden=True,
+    help="Launcher tool: --config is resolved already, environment included; do not apply P2PT_ again.",
+)
 @metrics_options("this peer")
 @log_format_option
 def join(
@@ -172,6 +192,8 @@ def join(
     announce_host: str | None,
     identity_path: str,
     initial_peers: tuple[str, ...],
+    initial_peers_file: str | None,
+    initial_peers_timeout_s: float,
     run_dir: str,
     wait_for_peers: int,
     wait_timeout_s: float,
@@ -182,16 +204,26 @@ def join(
     device: str | None,
     data_key: str | None,
     swarm: str,
+    relay: str,
     kill_self_at: str | None,
     snapshot_every: int,
     record_exchanges: str | None,
     invitation: str | None,
+    ignore_env: bool,
     metrics_port: int | None,
     metrics_host: str,
     log_format: str,
 ) -> None:
     """Join a swarm as a training peer."""
+    if not initial_peers and initial_peers_file is None:
+        raise click.UsageError("Missing option '--initial-peers' (or '--initial-peers-file').")
     import torch
+
+    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+        raise click.UsageError(
+            f"--device {device}: no CUDA device is visible to torch {torch.__version__} "
+            "(torch.cuda.is_available() is False); use --device cpu, or a machine and torch build with CUDA"
+        )
 
     from p2p_trainer.net.addresses import AddressError
     from p2p_trainer.net.admission import InvitationError
@@ -204,16 +236,20 @@ def join(
     from p2p_trainer.train.data import DataError
 
     use_log_format(log_format)  # after the imports above: hivemind's import sets its own handler
-    cfg = resolve_config(config, method, rounds, seed)
+    cfg = resolve_config(config, method, rounds, seed, use_env=not ignore_env)
     invitation_text, kill_point = _read_invitation(invitation), _kill_point(kill_self_at)
+    stop = threading.Event()
+    stopped_by = install_stop_handlers(stop)
+    if initial_peers_file is not None:
+        initial_peers += _wait_for_initial_peers(
+            initial_peers_file, initial_peers_timeout_s, stop, stopped_by
+        )
     try:  # bound before anything starts: an occupied port fails with nothing to clean up
         monitor = PeerMetrics(metrics_host, metrics_port) if metrics_port is not None else None
     except MetricsPortError as exc:
         raise click.ClickException(str(exc)) from None
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    stop = threading.Event()
-    stopped_by = install_stop_handlers(stop)
     dht = DHTConfig(
         identity_path=str(Path(identity_path).expanduser()),
         host=host,
@@ -234,6 +270,7 @@ def join(
         device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
         data_key=data_key,
         swarm=swarm,
+        relay=relay,
         kill_self_at=kill_point,
         snapshot_every=snapshot_every,
         record_exchanges=Path(record_exchanges) if record_exchanges else None,
@@ -276,6 +313,7 @@ def join(
     "same data streams) and report the swarm's gain over them.",
 )
 @metrics_port_base_option
+@dashboard_port_option
 def local(
     config: str | None,
     method: str | None,
@@ -287,6 +325,7 @@ def local(
     no_live: bool,
     compare_independent: bool,
     metrics_port_base: int | None,
+    dashboard_port: int | None,
 ) -> None:
     """Run a real swarm on this machine: one bootstrap node and N peer processes on loopback."""
     import os
@@ -294,6 +333,7 @@ def local(
 
     from p2p_trainer.run.launcher import LocalOptions
     from p2p_trainer.run.local_swarm import run_local
+    from p2p_trainer.run.summary_text import local_summary_lines
     from p2p_trainer.train.checkpoint import atomic_write_text
     from p2p_trainer.train.data import DataError
 
@@ -312,6 +352,7 @@ def local(
         torch_threads=threads,
         compare_independent=compare_independent,
         metrics_port_base=metrics_port_base,
+        dashboard_port=dashboard_port,
     )
     stop = threading.Event()
     stopped_by = install_stop_handlers(stop)
@@ -319,54 +360,11 @@ def local(
         summary = run_local(opts, show=not no_live, stop=stop)
     except (RuntimeError, DataError) as exc:
         raise click.ClickException(str(exc)) from None
-    _echo_local_summary(summary, peers, out)
+    for line in local_summary_lines(summary, peers, out):
+        click.echo(line)
     signum = stopped_by()
     if signum is not None:
         sys.exit(128 + signum)
-
-
-def _loss(value: float | None) -> str:
-    return f"{value:.3f}" if value is not None else "-"
-
-
-def _consensus_line(summary: dict[str, Any]) -> str:
-    """The consensus model (mean of the final anchors) against the single peers' own models."""
-    line = f"  averaged model: val loss {_loss(summary['averaged_model_val_loss'])} (consensus)"
-    if summary["best_peer"] is not None:
-        line += (
-            f"; single peers before the final agreement: best {summary['best_peer']} "
-            f"{_loss(summary['best_peer_val_loss'])}, mean {_loss(summary['mean_peer_val_loss'])}"
-        )
-    distance = summary["consensus_distance"]
-    if distance is not None:
-        line += f"; spread {distance:.4f} (after: {summary['final_distance']:.4f})"
-    return line
-
-
-def _echo_local_summary(summary: dict[str, Any], peers: int, out: Path) -> None:
-    click.echo(
-        f"\nmethod {summary['method']}, {peers} peers, {summary['wall_s']:.0f} s, {summary['tokens']} tokens"
-    )
-    for p in summary["per_peer"]:
-        vl = _loss(p["val_loss"])
-        if p["final_agreement"] is not None:
-            vl += f" (own {_loss(p['own_val_loss'])}, final agreement {p['final_agreement']})"
-        click.echo(
-            f"  {p['peer']}: val loss {vl}, rounds {p['rounds']}, utilisation {p['utilisation']:.3f}, "
-            f"sent {p['bytes_sent'] / 1e6:.1f} MB, received {p['bytes_received'] / 1e6:.1f} MB, "
-            f"failed exchanges {p['failed_exchanges']}/{p['exchanges']}"
-        )
-    click.echo(_consensus_line(summary))
-    alone = summary.get("independent")
-    if alone is not None:
-        click.echo(
-            f"  independent peers (same data, {alone['wall_s']:.0f} s): mean val loss "
-            f"{_loss(alone['mean_peer_val_loss'])}, best {_loss(alone['best_peer_val_loss'])}; "
-            f"gain of the swarm's consensus {_loss(summary['gain_vs_independent'])} nats/byte"
-        )
-    click.echo(
-        f"run directory: {out} (summary.json, val_loss.png, peer*/metrics.jsonl, peer*/checkpoint.safetensors)"
-    )
 
 
 @main.command()

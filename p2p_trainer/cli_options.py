@@ -20,7 +20,10 @@ config_option = click.option(
     "--config",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Run config TOML (default: the packaged default run; `p2p-trainer config` prints it).",
+    envvar="P2PT_CONFIG",
+    show_envvar=True,
+    help="Run config TOML (default: the packaged default run; `p2p-trainer config` prints it). "
+    "P2PT_<TABLE>__<FIELD> variables override its values, flags override those.",
 )
 method_option = click.option(
     "--method",
@@ -94,6 +97,31 @@ def node_options(port: int, identity: str, initial_peers_required: bool) -> Deco
         return func
 
     return apply
+
+
+initial_peers_file_options = [
+    click.option(
+        "--initial-peers-file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="File with the multiaddrs to join, as `bootstrap --address-file` writes it; waited for "
+        "if it does not exist yet (with --initial-peers: both are used).",
+    ),
+    click.option(
+        "--initial-peers-timeout-s",
+        type=click.FloatRange(min=0),
+        default=300.0,
+        show_default=True,
+        help="Longest wait for --initial-peers-file to appear.",
+    ),
+]
+
+
+def initial_peers_file_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--initial-peers-file and --initial-peers-timeout-s: the bootstrap's address from a file."""
+    for option in reversed(initial_peers_file_options):
+        func = option(func)
+    return func
 
 
 log_format_option = click.option(

@@ -1,6 +1,7 @@
 """The head-to-head's arms and their schedules.
 
-Fixed arms: the bare torch loop, independent training, data-parallel, DiLoCo and NoLoCo. Two
+Fixed arms: the bare torch loop, independent training, data-parallel, DiLoCo (whole model, and
+Streaming DiLoCo with two fragments) and NoLoCo. Two
 families of alternatives, one member of each picked on the tuning seeds: our factored method
 (Mix1 only, or Mix1 + Mix2 every K rounds) and hivemind.Optimizer (averaging in the background,
 its default, or blocking in `step`). Every arm of ours sends `wire_dtype` on the wire, and
@@ -32,6 +33,13 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
         Variant("independent", "independent"),
         Variant("data-parallel", "data-parallel", {"num_inner_steps": 1, **CANONICAL, **wire}),
         Variant("diloco", "diloco", {**CANONICAL, **wire}),
+        # Streaming DiLoCo: every fragment still synced every H steps, staggered by H / 2, each
+        # exchange behind the next half-round's inner steps
+        Variant(
+            "diloco-stream-p2",
+            "diloco",
+            {"fragments": 2, "num_inner_steps": max(1, h // 2), **CANONICAL, **wire},
+        ),
         Variant("noloco", "noloco", {**CANONICAL, **wire}),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]

@@ -6,6 +6,19 @@ hyperparameters (`METHOD_DEFAULTS`) fill the `OuterConfig` fields left unset, in
 so Python, TOML and command-line flags give the same config. `load_config` reads a TOML file;
 unknown keys are errors, not silently ignored. The default run ships inside the package
 (`p2p_trainer/config/default.toml`), so an installed copy runs the same default as a checkout.
+
+Precedence, highest first (`sources.effective_config`, which also says where each value came from):
+
+1. a flag: `--method` ([outer] method), `--rounds`, `--seed`;
+2. the environment: `P2PT_<FIELD>` for the top-level fields (P2PT_SEED, P2PT_ROUNDS) and
+   `P2PT_<TABLE>__<FIELD>` for a table's field (P2PT_OUTER__METHOD, P2PT_DATA__BATCH_SIZE): string
+   fields as written, others as a TOML value (16, 0.5, true, [0.9, 0.95]); a wrong type or an
+   unknown table or field is an error naming the variable;
+3. the file: `--config FILE`, or P2PT_CONFIG where no `--config` is given;
+4. the default: without a file the packaged default run, then each field's own default, and for
+   [outer] fields left unset the method's reference values.
+
+`file_check.check_config_file` lists every wrong field of a file at once (`p2p-trainer config check`).
 """
 
 from p2p_trainer.config.checks import ConfigError
@@ -20,11 +33,12 @@ from p2p_trainer.config.sections import (
     WireDtype,
 )
 from p2p_trainer.config.security import SecurityConfig
+from p2p_trainer.config.sources import EffectiveConfig, Source, effective_config, load_config
 from p2p_trainer.config.toml_io import (
     SECTIONS,
+    annotated_toml,
     config_from_dict,
     default_config_text,
-    load_config,
     read_toml,
     to_toml,
 )
@@ -36,6 +50,7 @@ __all__ = [
     "WIRE_DTYPES",
     "ConfigError",
     "DataConfig",
+    "EffectiveConfig",
     "ExchangeConfig",
     "InnerConfig",
     "Method",
@@ -44,9 +59,12 @@ __all__ = [
     "OuterConfig",
     "RunConfig",
     "SecurityConfig",
+    "Source",
     "WireDtype",
+    "annotated_toml",
     "config_from_dict",
     "default_config_text",
+    "effective_config",
     "load_config",
     "read_toml",
     "to_toml",

@@ -89,6 +89,12 @@ def _convert(value: object, hint: Any, name: str) -> object:
     raise TypeError(f"{name}: no check for the annotation {hint!r}")
 
 
+def check_value(value: object, hint: Any, name: str) -> object:
+    """`value` checked against the annotation `hint` and normalised as a field's would be; raises
+    `ConfigError` naming `name` (for values checked before any config is built: the environment)."""
+    return _convert(value, hint, name)
+
+
 def check_fields(obj: Any, section: str) -> None:
     """Check (and normalise, on the frozen instance) every field of dataclass `obj` against its
     annotation; `section` prefixes field names in messages ('' for top-level fields)."""

@@ -192,10 +192,9 @@ class RunConfig:
     def run_definition(self) -> dict[str, Any]:
         """What every peer of one swarm must agree on (model shape, method, data, seed, work target)."""
         definition = {
-            "model": self.model.definition(),
+            **self.workload_definition(),
             "method": self.outer.method,
             "num_inner_steps": self.outer.num_inner_steps,
-            **self.data.definition(),
             "seed": self.seed,
         }
         if self.outer.target_tokens_per_round:  # only when set, so existing swarms keep their run id
@@ -211,6 +210,11 @@ class RunConfig:
         if admission is not None:  # a closed swarm's peers must agree on who is let in
             definition["admission"] = admission
         return definition
+
+    def workload_definition(self) -> dict[str, Any]:
+        """The run definition's part about what is trained on what: the model's shape and the
+        data's content (a run of one's own model, `p2p_trainer.api`, names its model instead)."""
+        return {"model": self.model.definition(), **self.data.definition()}
 
     def run_id(self) -> str:
         blob = json.dumps(self.run_definition(), sort_keys=True).encode()

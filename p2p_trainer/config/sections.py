@@ -149,6 +149,12 @@ class DataConfig:
     token_dtype: TokenDtype = "uint16"
     """tokens: the ids' type in the .bin file: uint16 (nanoGPT's, vocabularies up to 65536) or
     uint32. Every id must be below model.vocab_size."""
+    tokenizer: str = ""
+    """"" for byte-level tokens, or the path of a Hugging Face `tokenizers` tokenizer.json
+    (`p2p-trainer tokenizer train` writes one); model.vocab_size must then equal its vocabulary.
+    Text and JSONL corpora are tokenized with it once, into memory-mapped files in the token cache
+    ($P2P_TRAINER_CACHE, default ~/.cache/p2p-trainer/tokens); a "tokens" corpus is read as it is,
+    the tokenizer then only turns ids back into text (`p2p-trainer sample`)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "data")
@@ -160,9 +166,19 @@ class DataConfig:
         require(self.text_field != "", 'data.text_field is empty: name the JSON key of the text ("text")')
 
     def definition(self) -> dict[str, object]:
-        """What peers must agree on about the data: corpus and split, and how it is read where that
-        is not the default (so swarms on the default reading keep their run id)."""
-        fields: dict[str, object] = {"corpus": self.corpus, "val_fraction": self.val_fraction}
+        """What peers must agree on about the data: the content of the corpus and of the tokenizer
+        (sha256s, not paths: the same files anywhere are accepted, other files at the same path are
+        not), the split, and how it is read where that is not the default. Reads the files (their
+        hashes are cached); a missing corpus or tokenizer raises DataError."""
+        # imported here: hashing reads the corpus through the train package, which imports config
+        from p2p_trainer.train.corpus_identity import data_hash
+        from p2p_trainer.train.tokenizer import tokenizer_hash
+
+        fields: dict[str, object] = {
+            "data_hash": data_hash(self),
+            "tokenizer_hash": tokenizer_hash(self),
+            "val_fraction": self.val_fraction,
+        }
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name in ("format", "text_field", "token_dtype"):
             if getattr(self, name) != defaults[name]:

@@ -80,6 +80,11 @@ class SecurityConfig:
     """Most incoming streams one sender may have open at once; further ones are closed unread."""
     stream_read_timeout_s: float = 60.0
     """Longest an incoming message may take to arrive whole; a stream that stalls is closed."""
+    state_serves_per_minute: float = 4.0
+    """Full states one peer may download from this one per minute (a burst of this many, then
+    refilled at this rate; net/serve_limits.py). A joiner needs one, a rejoin one more."""
+    state_serves_concurrent: int = 2
+    """Full state transfers this peer runs at once, whoever asks: the uplink it lends joiners."""
     admission: AdmissionMode = "open"
     """Who may train in this swarm (`net/admission.py`): `open` (any validly signed peer),
     `allow-list` (the peer ids in `allow`) or `invitations` (peers holding an invitation signed by
@@ -121,6 +126,14 @@ class SecurityConfig:
         require(
             self.sender_open_streams >= 1,
             f"security.sender_open_streams={self.sender_open_streams}: use >= 1",
+        )
+        require(
+            self.state_serves_per_minute > 0,
+            f"security.state_serves_per_minute={self.state_serves_per_minute}: use a positive rate (4 is a joiner's need)",
+        )
+        require(
+            self.state_serves_concurrent >= 1,
+            f"security.state_serves_concurrent={self.state_serves_concurrent}: use >= 1",
         )
         require(
             self.stream_read_timeout_s > 0,

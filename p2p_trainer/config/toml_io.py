@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ SECTIONS: dict[str, type] = {
     "security": SecurityConfig,
 }
 """RunConfig's tables, in the order `to_toml` writes them."""
+TOP = ("seed", "rounds")
+"""RunConfig's fields outside the tables, written first."""
 
 MOVED_TO_EXCHANGE: dict[str, str] = {
     "exchange_timeout_s": "timeout_s",
@@ -61,7 +64,7 @@ def config_from_dict(raw: dict[str, Any], where: str = "config") -> RunConfig:
 def _section(cls: type, values: dict[str, Any], where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values) - names
-    hint = _moved_keys_hint(unknown) if cls is OuterConfig else ""
+    hint = moved_keys_hint(unknown) if cls is OuterConfig else ""
     require(
         not unknown, f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(sorted(names))}{hint}"
     )
@@ -71,7 +74,7 @@ def _section(cls: type, values: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _moved_keys_hint(unknown: set[str]) -> str:
+def moved_keys_hint(unknown: set[str]) -> str:
     """Where the old [outer] exchange keys among `unknown` live now ("" when there are none)."""
     moved = [
         f"{key} -> [exchange] {MOVED_TO_EXCHANGE[key]}" for key in sorted(unknown) if key in MOVED_TO_EXCHANGE
@@ -100,46 +103,36 @@ def default_config_text() -> str:
     return resources.files("p2p_trainer.config").joinpath("default.toml").read_text(encoding="utf-8")
 
 
-def load_config(
-    path: str | Path | None = None,
-    *,
-    method: str | None = None,
-    rounds: int | None = None,
-    seed: int | None = None,
-) -> RunConfig:
-    """The run in TOML file `path` (None: the packaged default run), with overrides on top.
-
-    The overrides go into the file's tables before the config is built, so `method` changes only
-    [outer] method: the file's other [outer] values stay, and the method's reference values fill
-    only the fields the file leaves unset (the same as writing `method = ...` in the file).
-    """
-    raw = tomllib.loads(default_config_text()) if path is None else read_toml(path)
-    outer = raw.setdefault("outer", {})
-    if method is not None and isinstance(outer, dict):
-        outer["method"] = method
-    if rounds is not None:
-        raw["rounds"] = rounds
-    if seed is not None:
-        raw["seed"] = seed
-    return config_from_dict(raw, where="default config" if path is None else str(path))
-
-
-def _toml_value(value: object) -> str:
+def toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, tuple | list):
-        return f"[{', '.join(_toml_value(v) for v in value)}]"
+        return f"[{', '.join(toml_value(v) for v in value)}]"
     return repr(value)
 
 
 def to_toml(cfg: RunConfig) -> str:
     """The config as TOML (flat tables, every field), so every peer process loads exactly this run."""
-    lines = [f"seed = {cfg.seed}", f"rounds = {cfg.rounds}"]
+    lines = [f"{key} = {getattr(cfg, key)}" for key in TOP]
     for name in SECTIONS:
         lines.append(f"\n[{name}]")
         for key, value in dataclasses.asdict(getattr(cfg, name)).items():
             if value is not None:
-                lines.append(f"{key} = {_toml_value(value)}")
+                lines.append(f"{key} = {toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def annotated_toml(cfg: RunConfig, notes: Mapping[str, str]) -> str:
+    """`to_toml` with a comment after each value (`notes["data.batch_size"]`, e.g. where it came
+    from); fields left unset appear as comments. Still valid TOML, of the same config."""
+    rows: list[tuple[str, str]] = [(f"{key} = {getattr(cfg, key)}", notes.get(key, "")) for key in TOP]
+    for name in SECTIONS:
+        rows.append((f"\n[{name}]", ""))
+        for key, value in dataclasses.asdict(getattr(cfg, name)).items():
+            text = f"{key} = {toml_value(value)}" if value is not None else f"# {key} unset"
+            rows.append((text, notes.get(f"{name}.{key}", "")))
+    width = min(48, max(len(text) for text, note in rows if note))
+    lines = [f"{text:<{width}}  # {note}" if note else text for text, note in rows]
     return "\n".join(lines) + "\n"

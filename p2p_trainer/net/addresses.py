@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 
 from hivemind.utils.multiaddr import Multiaddr
+
+logger = logging.getLogger(__name__)
 
 EXAMPLE_INITIAL_PEER = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
 _HOST_PROTOCOLS = ("ip4", "ip6", "dns", "dns4", "dns6")
@@ -73,18 +76,42 @@ def host_maddr(host: str, port: int) -> str:
     return f"/{_ip_protocol(host, '--host')}/{host}/tcp/{port}"
 
 
+def resolve_host(host: str, option: str) -> str:
+    """`host` as an IP address: an address as given, a name (a container's service name, say)
+    resolved now, IPv4 first. The announced address must be an IP, since p2pd announces it as
+    given, and other nodes dial what it announces."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AddressError(
+            f"{option} {host!r} does not resolve to an IP address ({exc}); give an IP address, e.g. "
+            f"203.0.113.5, or a name this machine resolves (in Docker Compose: the service name)"
+        ) from None
+    ips = [str(info[4][0]) for info in infos]
+    return next((ip for ip in ips if ":" not in ip), ips[0])
+
+
 def announce_maddr(announce_host: str, port: int) -> str:
-    """The multiaddr other machines should dial (behind NAT or in a container), at the bound `port`."""
+    """The multiaddr other machines should dial (behind NAT or in a container), at the bound `port`;
+    a name is resolved to its IP address first."""
     if port == 0:
         raise AddressError(
             "the announced address needs the port the node listens on; pick it first (free_port)"
         )
-    return f"/{_ip_protocol(announce_host, '--announce-host')}/{announce_host}/tcp/{port}"
+    ip = resolve_host(announce_host, "--announce-host")
+    return f"/{_ip_protocol(ip, '--announce-host')}/{ip}/tcp/{port}"
 
 
-def check_announce_host(announce_host: str) -> None:
-    """Raise `AddressError` unless `--announce-host` is an IP address."""
-    _ip_protocol(announce_host, "--announce-host")
+def check_announce_host(announce_host: str) -> str:
+    """The IP address `--announce-host` stands for; raises `AddressError` when a name does not resolve."""
+    ip = resolve_host(announce_host, "--announce-host")
+    if ip != announce_host:
+        logger.info("--announce-host %s resolves to %s: announcing that", announce_host, ip)
+    return ip
 
 
 def free_port(host: str) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from p2p_trainer.net.dht import DHTCallTimeout, DHTConfig, NetNode, start_node
 from p2p_trainer.net.node_defaults import DEFAULT_BOOTSTRAP_IDENTITY, DEFAULT_BOOTSTRAP_PORT
+from p2p_trainer.net.node_services import NodeServices
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ class BootstrapConfig:
     """Listen/announce addresses, identity and the other bootstrap nodes to join (initial peers)."""
     status_interval_s: float = 60.0
     """Seconds between status lines (peers connected, uptime)."""
+    relay: bool = True
+    """Forward messages to peers that others cannot dial (behind NAT: `message_relay.py`); the dial-back
+    check (`reach.py`) is served either way."""
 
     def __post_init__(self) -> None:
         if not self.status_interval_s > 0:
@@ -52,13 +56,14 @@ class NodeDiedError(RuntimeError):
     """The node's DHT process or p2pd exited while the node was meant to run."""
 
 
-def _log_status(node: NetNode) -> None:
+def _log_status(node: NetNode, services: NodeServices) -> None:
     try:
         peers = str(node.connected_peers())
     except DHTCallTimeout as e:
         peers = f"unknown ({e})"
     uptime = _format_uptime(time.monotonic() - node.started_at)
-    logger.info("bootstrap %s: %s peers connected, up %s", node.peer_id[-8:], peers, uptime)
+    relayed = "" if services.relay is None else f", {services.relay.forwarded} messages relayed"
+    logger.info("bootstrap %s: %s peers connected, up %s%s", node.peer_id[-8:], peers, uptime, relayed)
 
 
 def run_bootstrap(
@@ -74,7 +79,9 @@ def run_bootstrap(
     as the `--initial-peers` text to paste elsewhere. Raises what `start_node` raises.
     """
     node = start_node(config.dht, stop=stop_event)
+    services: NodeServices | None = None
     try:
+        services = NodeServices(node.dht, relay=config.relay)
         if on_start is not None:
             on_start(node)
         maddrs = node.visible_maddrs()
@@ -88,8 +95,10 @@ def run_bootstrap(
                 raise NodeDiedError(
                     f"bootstrap node {node.peer_id}: its DHT process or p2pd exited unexpectedly"
                 )
-            _log_status(node)
+            _log_status(node, services)
         logger.info("stopping bootstrap node %s", node.peer_id)
     finally:
+        if services is not None:
+            services.close()
         node.shutdown()
     return maddrs

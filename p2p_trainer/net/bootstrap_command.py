@@ -25,6 +25,20 @@ from p2p_trainer.net.signals import install_stop_handlers
 @click.option(
     "--connect-attempts", default=4, show_default=True, type=int, help="Tries of the initial peers."
 )
+@click.option(
+    "--address-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the node's multiaddrs to this file (atomically) once it accepts connections, "
+    "for `join --initial-peers-file`; removed when the node stops.",
+)
+@click.option(
+    "--relay",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Forward messages to peers behind NAT that others cannot dial (README, Peers behind NAT).",
+)
 @metrics_options("this node")
 @log_format_option
 def bootstrap(
@@ -35,11 +49,14 @@ def bootstrap(
     initial_peers: tuple[str, ...],
     status_interval_s: float,
     connect_attempts: int,
+    address_file: str | None,
+    relay: str,
     metrics_port: int | None,
     metrics_host: str,
     log_format: str,
 ) -> None:
     """Run a long-lived DHT node that peers join; prints the --initial-peers text to use elsewhere."""
+    from p2p_trainer.net.address_file import remove_address_file, write_address_file
     from p2p_trainer.net.addresses import AddressError
     from p2p_trainer.net.bootstrap import BootstrapConfig, NodeDiedError, initial_peers_args, run_bootstrap
     from p2p_trainer.net.dht import DHTConfig, InitialPeersUnreachable
@@ -59,12 +76,20 @@ def bootstrap(
     )
 
     def on_ready(maddrs: list[str]) -> None:
+        if address_file is not None:
+            try:
+                write_address_file(address_file, maddrs)
+            except OSError as exc:  # raised through run_bootstrap, which stops the node
+                raise click.ClickException(f"cannot write --address-file {address_file}: {exc}") from None
         click.echo(initial_peers_args(maddrs))
         sys.stdout.flush()
 
+    if address_file is not None:  # one left by a node that was killed names an address nobody answers
+        remove_address_file(address_file)
+
     metrics = None
     try:
-        config = BootstrapConfig(dht=dht, status_interval_s=status_interval_s)
+        config = BootstrapConfig(dht=dht, status_interval_s=status_interval_s, relay=relay == "on")
         # bound before the node starts: an occupied port fails with nothing to clean up
         metrics = BootstrapMetrics(metrics_host, metrics_port) if metrics_port is not None else None
         run_bootstrap(config, stop_event, on_ready=on_ready, on_start=metrics.watch if metrics else None)
@@ -80,6 +105,8 @@ def bootstrap(
     except InterruptedError:
         pass
     finally:
+        if address_file is not None:
+            remove_address_file(address_file)
         if metrics is not None:
             metrics.close()
     signum = stopped_by()

@@ -124,6 +124,10 @@ class Signer:
         self.public_key = bytes(signing_key.verify_key)
         self.peer_id = peer_id_from_public_key(self.public_key)
 
+    def sign(self, message: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of `message` (callers add their own domain prefix)."""
+        return bytes(self._key.sign(message).signature)
+
     def seal(self, key: str, subkey: str | None, expiration_time: float, body: bytes) -> bytes:
         """The envelope bytes to store under (`key`, `subkey`) until `expiration_time`."""
         if len(body) > MAX_BODY_BYTES or len(key) > MAX_KEY_CHARS:

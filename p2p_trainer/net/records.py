@@ -386,9 +386,23 @@ def _live_publishers(dht: DHTLike, publishers: list[str], live: set[str], verify
     return found
 
 
+DEFINITION_HINTS = {
+    "data_hash": "the data differs: data.corpus holds other files or other content",
+    "tokenizer_hash": "the tokenizer differs: data.tokenizer is another file, or bytes on one side",
+    "own_model.parameters": "the model differs: other parameter names, shapes or dtypes",
+    "own_model.initial_weights": "the model starts from other weights: build it after "
+    "torch.manual_seed(<one seed for the run>) on every peer",
+}
+"""What a differing field of the run definition means, where its name alone does not say it."""
+
+
 def _mismatch(run_name: str, ours: RunDefinition, theirs: RunDefinition) -> RunDefinitionMismatch:
     differences = diff_run_definitions(ours, theirs)
-    lines = "; ".join(f"{name}: ours={a!r}, swarm's={b!r}" for name, a, b in differences)
+    lines = "; ".join(
+        f"{name}: ours={a!r}, swarm's={b!r}"
+        + (f" ({DEFINITION_HINTS[name]})" if name in DEFINITION_HINTS else "")
+        for name, a, b in differences
+    )
     return RunDefinitionMismatch(
         f"refusing to join run {run_name!r}: its run definition differs from ours in "
         f"{len(differences)} field(s): {lines}. Use the swarm's config, or choose another run name"

@@ -29,6 +29,7 @@ from p2p_trainer.algo.methods import OuterState
 from p2p_trainer.config import NetworkConfig
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
+from p2p_trainer.net.serve_limits import ServeLimits
 from p2p_trainer.net.transport import MAX_HEADER_BYTES, Transport, decode_header, encode_header, read_frame
 
 logger = logging.getLogger(__name__)
@@ -85,9 +86,16 @@ def _payload(snapshot: StateSnapshot) -> bytes:
 class StateServer:
     """Serves this peer's latest outer-state snapshot to joiners."""
 
-    def __init__(self, transport: Transport, run_id: str, faults: FaultInjector = NO_FAULTS) -> None:
-        """`faults` is told ("serve", states served so far) halfway through each payload."""
-        self.transport, self.run_id = transport, run_id
+    def __init__(
+        self,
+        transport: Transport,
+        run_id: str,
+        faults: FaultInjector = NO_FAULTS,
+        limits: ServeLimits | None = None,
+    ) -> None:
+        """`faults` is told ("serve", states served so far) halfway through each payload; `limits`
+        bounds what senders can make this peer upload (None: no bound)."""
+        self.transport, self.run_id, self.limits = transport, run_id, limits
         self.snapshot: StateSnapshot | None = None
         self.faults = faults
         self.served = 0
@@ -114,6 +122,21 @@ class StateServer:
         if request.get("run") != self.run_id or snap is None:
             await P2P.send_raw_data(encode_header({"key": "state", "error": "no state for this run"}), writer)
             return
+        header_only = request.get("header_only") is True
+        limited = self.limits.refusal(sender, header_only) if self.limits is not None else None
+        if limited is not None:
+            logger.info("state request of %s refused: %s", sender[-8:], limited)
+            await P2P.send_raw_data(encode_header({"key": "state", "error": limited}), writer)
+            return
+        try:
+            await self._send(snap, header_only, sender, writer)
+        finally:
+            if self.limits is not None and not header_only:
+                self.limits.done()
+
+    async def _send(
+        self, snap: StateSnapshot, header_only: bool, sender: str, writer: asyncio.StreamWriter
+    ) -> None:
         payload = await asyncio.get_running_loop().run_in_executor(None, _payload, snap)
         logger.info("serving round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
         header = {
@@ -125,7 +148,7 @@ class StateServer:
             "step_s": snap.step_s,
         }
         await P2P.send_raw_data(encode_header(header), writer)
-        if request.get("header_only") is True:  # a joiner confirming another donor's state hash
+        if header_only:  # a joiner confirming another donor's state hash
             return
         # one length-prefixed frame (P2P.send_raw_data's framing), written in two halves so a fault
         # can strike mid-transfer; memoryview slices, so the state is not copied

@@ -31,13 +31,26 @@ def join_swarm(
     """
     node = start_node(config, stop=stop)
     try:
-        if check_self is not None:
-            check_self(node.peer_id)
-        ours = records.RunDefinition(run_definition)
-        verify = config.verify_records
-        records.check_run_definition(node, run_name, ours, definition_ttl_s, node.signer, verify)
+        enter_run(node, run_name, run_definition, definition_ttl_s, check_self)
     except BaseException:
         node.shutdown()
         raise
-    logger.info("peer %s joined run %r", node.peer_id, run_name)
     return node
+
+
+def enter_run(
+    node: NetNode,
+    run_name: str,
+    run_definition: dict[str, object],
+    definition_ttl_s: float = NetworkConfig.run_definition_ttl_s,
+    check_self: Callable[[str], None] | None = None,
+) -> None:
+    """The second half of `join_swarm`, for a node that is already running: `check_self`, then
+    refuse (`RunDefinitionMismatch`) a run whose definition differs, else publish ours. The node
+    is the caller's either way."""
+    if check_self is not None:
+        check_self(node.peer_id)
+    ours = records.RunDefinition(run_definition)
+    verify = node.config.verify_records
+    records.check_run_definition(node, run_name, ours, definition_ttl_s, node.signer, verify)
+    logger.info("peer %s joined run %r", node.peer_id, run_name)

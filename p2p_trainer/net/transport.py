@@ -5,6 +5,9 @@ sender of every message is the libp2p-authenticated peer id of its stream, never
 An asyncio loop (uvloop) runs in a daemon thread so the training thread never blocks on I/O.
 Received messages wait in a bounded mailbox until the exchange that expects them collects them.
 
+A peer this one cannot open a stream to (behind NAT, say) is tried through `relays`
+(`message_relay.py`): the message is signed for it, so the relay cannot forge its sender.
+
 With `security.defences` on, no one sender can hold more than a bounded share of that: a quota of
 bytes and messages per sender in the mailbox (its own oldest messages make room for its new
 ones, so a flood displaces only the flooder's), a bound on its open streams, and a read timeout
@@ -29,6 +32,8 @@ from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
 
 from p2p_trainer.config.security import SecurityConfig
+from p2p_trainer.net import message_relay as relay
+from p2p_trainer.net.envelope import Signer
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -36,6 +41,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_HEADER_BYTES = 16 * 1024
 PROTOCOL = "p2p-trainer/mix/1"
+HELLO_PROTOCOL = "p2p-trainer/hello/1"
+"""Answers nothing: a peer behind NAT opens it to have a connection that others can use."""
+RELAYED_FOR_S = 30.0
+"""After a direct stream to a peer failed, send to it through a relay for this long before
+trying directly again (a dial to an address behind NAT can take seconds to fail)."""
 
 
 class MessageError(ValueError):
@@ -177,9 +187,23 @@ class Mailbox:
 class Transport:
     """A peer's messaging endpoint on the DHT's p2p daemon."""
 
-    def __init__(self, dht: DHT, max_payload_bytes: int, security: SecurityConfig = SecurityConfig()) -> None:
+    def __init__(
+        self,
+        dht: DHT,
+        max_payload_bytes: int,
+        security: SecurityConfig = SecurityConfig(),
+        signer: Signer | None = None,
+    ) -> None:
         self.max_payload_bytes = max_payload_bytes
         self.security = security
+        self.signer = signer
+        """Signs messages sent through a relay; without one, nothing is relayed."""
+        self.relays: list[str] = []
+        """Peer ids of relays to try, in order, when a direct stream cannot be opened."""
+        self._relayed_until: dict[str, float] = {}
+        self.relayed_sent = 0
+        """Messages delivered through a relay (also counted in `messages_sent`)."""
+        self.relayed_received = 0
         quota = None
         if security.defences:
             quota = SenderQuota(
@@ -211,6 +235,8 @@ class Transport:
     async def _start(self, dht: DHT) -> P2P:
         p2p = await dht.replicate_p2p()
         await p2p.add_binary_stream_handler(PROTOCOL, self._on_stream)
+        await p2p.add_binary_stream_handler(relay.RELAYED_PROTOCOL, self._on_relayed)
+        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, _close_at_once)
         return p2p
 
     # ----------------------------------------------------------------- running coroutines
@@ -222,16 +248,63 @@ class Transport:
 
     # ----------------------------------------------------------------- sending
     async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
-        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), PROTOCOL)
+        relays = self.relays if self.signer is not None else []
+        if relays and self._relayed_until.get(peer_id, 0.0) > time.monotonic():
+            await self._send_relayed(relays, peer_id, header, payload)
+            return
+        try:
+            opened = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), PROTOCOL)
+        except Exception as exc:  # p2pd reports a peer it cannot dial with several error types
+            if not relays:
+                raise
+            logger.debug(
+                "no direct stream to %s (%s): trying relays", peer_id[-8:], str(exc).splitlines()[:1]
+            )
+            await self._send_relayed(relays, peer_id, header, payload)
+            self._relayed_until[peer_id] = time.monotonic() + RELAYED_FOR_S
+            return
+        _, reader, writer = opened
         try:
             await P2P.send_raw_data(encode_header(header), writer)
             await P2P.send_raw_data(payload, writer)
             await reader.read(1)  # the receiver closes after reading: delivery, not just buffering
-            self.bytes_sent += len(payload)
-            self.messages_sent += 1
-            self._last_heard[peer_id] = time.monotonic()
+            self._sent(peer_id, payload)
         finally:
             writer.close()
+
+    def _sent(self, peer_id: str, payload: bytes) -> None:
+        self.bytes_sent += len(payload)
+        self.messages_sent += 1
+        self._last_heard[peer_id] = time.monotonic()
+
+    async def _send_relayed(
+        self, relays: list[str], peer_id: str, header: dict[str, Any], payload: bytes
+    ) -> None:
+        """Through the first relay that delivers; raises the last relay's error if none does."""
+        assert self.signer is not None
+        header_raw, error = encode_header(header), None
+        for relay_id in relays:
+            if relay_id == peer_id:
+                continue
+            try:
+                await relay.send_relayed(self.p2p, relay_id, peer_id, self.signer, header_raw, payload)
+            except Exception as exc:  # a relay that is down or refuses: the next one
+                error = exc
+                continue
+            self._sent(peer_id, payload)
+            self.relayed_sent += 1
+            return
+        raise error or relay.RelayError(f"no relay to reach {peer_id[-8:]}")
+
+    async def connect(self, peer_id: str) -> None:
+        """Open (and close) a stream to `peer_id`: p2pd keeps the connection, which the peer can
+        then use to reach this one even when it cannot dial this one (behind NAT)."""
+        _, _, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HELLO_PROTOCOL)
+        writer.close()
+
+    async def connected_peers(self) -> set[str]:
+        """Peers p2pd has a connection with now."""
+        return {info.peer_id.to_base58() for info in await self.p2p.list_peers()}
 
     # ----------------------------------------------------------------- receiving
     async def add_request_handler(
@@ -264,7 +337,45 @@ class Transport:
         return header, await read_frame(reader, self.max_payload_bytes)
 
     async def _on_stream(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sender = info.peer_id.to_base58()
+        await self._receive(info.peer_id.to_base58(), reader, writer, self._read_message)
+
+    async def _on_relayed(
+        self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """A message a relay forwards: its sender is whoever signed it, not the relay."""
+        try:
+            meta = await asyncio.wait_for(read_frame(reader, relay.MAX_META_BYTES), 30.0)
+            claimed = relay.claimed_sender(meta)
+        except (
+            MessageError,
+            ValueError,
+            asyncio.TimeoutError,
+            asyncio.IncompleteReadError,
+            ConnectionError,
+        ) as exc:
+            logger.warning("relayed message via %s dropped: %s", info.peer_id.to_base58()[-8:], exc)
+            writer.close()
+            return
+
+        async def read_verified(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
+            header_raw = await read_frame(reader, MAX_HEADER_BYTES)
+            payload = await read_frame(reader, self.max_payload_bytes)
+            try:
+                relay.verified_sender(meta, self.peer_id, header_raw, payload, claimed)
+            except ValueError as exc:
+                raise MessageError(str(exc)) from None
+            self.relayed_received += 1
+            return decode_header(header_raw), payload
+
+        await self._receive(claimed, reader, writer, read_verified)
+
+    async def _receive(
+        self,
+        sender: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        read: Callable[[asyncio.StreamReader], Awaitable[tuple[dict[str, Any], bytes]]],
+    ) -> None:
         refusal = self._refusal(sender)
         if refusal is not None:
             self.refused += 1
@@ -274,7 +385,7 @@ class Transport:
         self._open[sender] = self._open.get(sender, 0) + 1
         try:
             timeout = self.security.stream_read_timeout_s if self.security.defences else None
-            header, payload = await asyncio.wait_for(self._read_message(reader), timeout)
+            header, payload = await asyncio.wait_for(read(reader), timeout)
             self.bytes_received += len(payload)
             self.messages_received += 1
             self._last_heard[sender] = time.monotonic()
@@ -296,6 +407,10 @@ class Transport:
         return {p for p, t in list(self._last_heard.items()) if t >= since}
 
     def close(self) -> None:
+        if self.relayed_sent or self.relayed_received:
+            logger.info(
+                "through relays: %d messages sent, %d received", self.relayed_sent, self.relayed_received
+            )
         # the replica's client socket file is ours to remove: p2pd does not unlink it on shutdown
         own_sockets = own_unix_socket_paths()
 
@@ -306,7 +421,8 @@ class Transport:
                 task.cancel()
             await asyncio.gather(*others, return_exceptions=True)
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
-                await self.p2p.remove_binary_stream_handler(PROTOCOL)
+                for protocol in (PROTOCOL, relay.RELAYED_PROTOCOL, HELLO_PROTOCOL):
+                    await self.p2p.remove_binary_stream_handler(protocol)
                 await self.p2p.shutdown()
 
         if self._loop.is_running():
@@ -315,3 +431,7 @@ class Transport:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         remove_files(own_sockets)
+
+
+async def _close_at_once(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()

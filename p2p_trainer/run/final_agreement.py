@@ -30,8 +30,8 @@ from p2p_trainer.algo.methods import RoundReport
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.round_log import ExchangeRecord
-from p2p_trainer.train.model import build_model
 from p2p_trainer.train.trainer import Peer
+from p2p_trainer.train.workload import seed_weights
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +56,16 @@ def seed_reference(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
     scaled, reversed or replaced is far outside it. The round-before anchor would bound tighter,
     but gossip peers' anchors stand further apart than one round's update, and the final merge
     would refuse honest peers."""
-    model = build_model(cfg.model, cfg.seed)
-    return tuple(p.detach() for p in model.parameters() if p.requires_grad)
+    return seed_weights(cfg)
 
 
-def final_request(cfg: RunConfig) -> ExchangeRequest:
+def final_request(cfg: RunConfig, reference: tuple[torch.Tensor, ...] | None = None) -> ExchangeRequest:
     """The final exchange: all live peers, equal weights (the plain mean), everyone awaited for at
     most `final_wait_s`, then at most `exchange.timeout_s` (one exchange's bound) for the transfer.
 
     Always float32 on the wire: the result is the model the user keeps. Contributions and results
-    are bounded (§10) against the seed's model (`seed_reference`).
+    are bounded (§10) against `reference`, the weights every peer started from: by default the
+    seed's model (`seed_reference`); a workload of one's own gives its initial weights.
     """
     wait_s = cfg.exchange.final_wait_s
     return ExchangeRequest(
@@ -79,7 +79,7 @@ def final_request(cfg: RunConfig) -> ExchangeRequest:
         quorum_wait_s=wait_s,
         grace_s=0.0,
         result_wait_s=wait_s,
-        reference=seed_reference(cfg),
+        reference=seed_reference(cfg) if reference is None else reference,
     )
 
 

@@ -13,21 +13,24 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
 from p2p_trainer.logs import CONTEXT
-from p2p_trainer.net import records
+from p2p_trainer.net import behind_nat, records
 from p2p_trainer.net.admission import Admission, check_self
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig, NetNode
 from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.network_exchange import NetworkExchange
+from p2p_trainer.net.serve_limits import ServeLimits
 from p2p_trainer.net.state_sync import StateServer
 from p2p_trainer.net.swarm_entry import join_swarm
 from p2p_trainer.net.swarm_view import SwarmView
@@ -39,9 +42,9 @@ from p2p_trainer.run.round_lines import ObservedWriter, RecordObserver, log_reco
 from p2p_trainer.train.checkpoint import load_checkpoint, save_checkpoint
 from p2p_trainer.train.data import check_corpus, load_corpus
 from p2p_trainer.train.metrics import MetricsWriter, round_record
-from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
 from p2p_trainer.train.trainer import Peer, RoundMetrics
+from p2p_trainer.train.workload import Workload, language_model
 
 if TYPE_CHECKING:
     from p2p_trainer.run.peer_metrics import PeerMetrics
@@ -66,7 +69,8 @@ class JoinOptions:
     max_minutes: float | None = None
     """Stop after this much wall time even if rounds remain (checked between inner steps)."""
     checkpoint_every: int = 10
-    """Checkpoint every this many rounds (and always at the end and on SIGINT/SIGTERM)."""
+    """Checkpoint every this many rounds (and always at the end and on SIGINT/SIGTERM); 0: never
+    (a workload of one's own, whose model a checkpoint's description cannot name)."""
     resume: bool = False
     """Continue from run_dir/checkpoint.safetensors if it exists."""
     rejoin_wait_s: float = 30.0
@@ -92,6 +96,9 @@ class JoinOptions:
     """This peer's invitation (`p2p-trainer invite`) to a swarm with `admission = "invitations"`."""
     monitor: PeerMetrics | None = None
     """The Prometheus endpoint (`--metrics-port`), already listening; told every record."""
+    relay: str = "auto"
+    """`--relay`: "auto" reaches peers behind NAT through the bootstrap nodes' relay and, behind
+    NAT itself, keeps connections to the peers it can dial (`net/behind_nat.py`); "off": neither."""
 
 
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
@@ -170,19 +177,31 @@ class Joined:
         return self.opts.run_dir / "checkpoint.safetensors"
 
 
-def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: contextlib.ExitStack) -> Joined:
-    """Wire transport, swarm view, exchange, peer and state server onto the DHT node."""
+def start(
+    opts: JoinOptions,
+    node: NetNode,
+    metrics: MetricsWriter,
+    leave: contextlib.ExitStack,
+    workload: Workload | None = None,
+) -> Joined:
+    """Wire transport, swarm view, exchange, peer and state server onto the DHT node. The peer
+    trains `workload`, by default the config's model on the config's corpus."""
     cfg, run_id = opts.run, opts.run.run_id()
     CONTEXT.peer = node.peer_id
-    corpus = load_corpus(cfg.data, cfg.model.seq_len)
-    n_floats = build_model(cfg.model, cfg.seed).num_params()
-    transport = Transport(node.dht, max_payload_bytes=8 * n_floats + 1024, security=cfg.security)
+    if workload is None:
+        corpus = load_corpus(cfg.data, cfg.model.seq_len)
+        workload = language_model(cfg, corpus, opts.data_key or node.peer_id)
+    n_floats = sum(p.numel() for p in workload.model.parameters())
+    transport = Transport(
+        node.dht, max_payload_bytes=8 * n_floats + 1024, security=cfg.security, signer=node.signer
+    )
     leave.callback(transport.close)
     net = opts.run.network
     view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation)
     leave.callback(view.close)
+    leave.callback(behind_nat.set_up(opts.relay, node, transport, view.live_peers).close)
     tokens_per_round = max(
-        cfg.outer.num_inner_steps * cfg.inner.grad_accum * cfg.data.batch_size * cfg.model.seq_len,
+        cfg.outer.num_inner_steps * cfg.inner.grad_accum * workload.tokens_per_batch,
         cfg.outer.target_tokens_per_round,  # §6: a lone survivor may do the whole swarm's share
     )
     # §5: a weight is the tokens behind a contribution, one round's
@@ -209,14 +228,16 @@ def start(opts: JoinOptions, node: NetNode, metrics: MetricsWriter, leave: conte
     peer = Peer(
         cfg,
         exchange,
-        corpus,
-        peer_key=opts.data_key or node.peer_id,
         device=opts.device,
         live_peers=_training_peers(view, exchange.health, view.period_s),
         self_id=node.peer_id,
         faults=faults,
+        workload=workload,
     )
-    server = StateServer(transport, run_id, faults)
+    limits = None
+    if cfg.security.defences:
+        limits = ServeLimits(cfg.security.state_serves_per_minute, cfg.security.state_serves_concurrent)
+    server = StateServer(transport, run_id, faults, limits)
     if not view.admission.open:  # the view holds only admitted peers' heartbeats (a joiner's too)
         server.admits = lambda sender: any(h.peer_id == sender for h in view.heartbeats())
     joined = Joined(
@@ -262,6 +283,13 @@ def train_rounds(j: Joined, should_stop: Callable[[], bool]) -> None:
     `should_stop` is also asked between inner steps: a round it cuts short ends before its
     exchange, as if the peer left there, and `finish` checkpoints the peer where it stopped.
     """
+    for _ in each_round(j, should_stop):
+        pass
+
+
+def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetrics]:
+    """`train_rounds` one round at a time: each round's metrics once it is recorded and saved.
+    The next round starts when the caller asks for it."""
     cfg, peer = j.opts.run, j.peer
     penalties = peer.exchange.penalties if isinstance(peer.exchange, NetworkExchange) else None
     if not cfg.security.defences:
@@ -287,6 +315,7 @@ def train_rounds(j: Joined, should_stop: Callable[[], bool]) -> None:
             j.metrics.write(rejoined)
             j.server.publish(peer.state, peer.timing.t_step_s, skipped_s(peer))
         _save_progress(j)
+        yield m
 
 
 def _begin_round(j: Joined, aligner: RoundAligner | None) -> None:
@@ -325,22 +354,33 @@ def _save_progress(j: Joined) -> None:
             peer.tokens,
             time.monotonic() - j.started,
         )
-    if peer.state.round % opts.checkpoint_every == 0:
+    if opts.checkpoint_every and peer.state.round % opts.checkpoint_every == 0:
         save_checkpoint(peer, j.ckpt)
 
 
-def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda: False) -> None:
+def _checkpoint(j: Joined) -> str:
+    """The checkpoint's state hash; "" where checkpoints are off (`checkpoint_every` 0)."""
+    return save_checkpoint(j.peer, j.ckpt) if j.opts.checkpoint_every else ""
+
+
+def _evaluate(peer: Peer, params: list[torch.Tensor]) -> float | None:
+    """The validation loss of `params`; None for a workload without validation batches."""
+    return peer.evaluate(params) if peer.val else None
+
+
+def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda: False) -> FinalRecord:
     """Final checkpoint (mid-round if a bound cut the last round short); unless a stop signal ended
     the run, the final agreement (`final_agreement.py`: a stop request during its wait ends it)
-    and a checkpoint of the agreed model; then evaluation of φ and the final record."""
+    and a checkpoint of the agreed model; then evaluation of φ and the final record, returned."""
     peer, cfg = j.peer, j.opts.run
-    final_hash = save_checkpoint(peer, j.ckpt)  # kept if the final agreement fails or is killed
+    final_hash = _checkpoint(j)  # kept if the final agreement fails or is killed
     own_anchor, own_loss, agreement = peer.state.anchor, None, None
     if not stopped and wants_final_agreement(cfg):
-        agreement = agree(peer, final_request(cfg), stop_requested)
-        own_loss = peer.evaluate(own_anchor)
+        reference = peer.workload.initial_weights()
+        agreement = agree(peer, final_request(cfg, reference), stop_requested)
+        own_loss = _evaluate(peer, own_anchor)
         if agreement.merged:
-            final_hash = save_checkpoint(peer, j.ckpt)
+            final_hash = _checkpoint(j)
             j.server.publish(peer.state, peer.timing.t_step_s, skipped_s(peer))
             # the summary compares the consensus with each peer's own model
             save_snapshot(
@@ -351,18 +391,18 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
                 peer.tokens,
                 time.monotonic() - j.started,
             )
-    val_loss = peer.evaluate(peer.state.anchor) if agreement is None or agreement.merged else own_loss
-    j.metrics.write(
-        FinalRecord(
-            peer=j.node.peer_id,
-            round=peer.state.round,
-            tokens=peer.tokens,
-            val_loss=val_loss,
-            time_s=time.monotonic() - j.started,
-            stopped=stopped,
-            state_hash=final_hash,
-            step=peer.step,
-            own_val_loss=own_loss,
-            agreement=agreement,
-        )
+    val_loss = _evaluate(peer, peer.state.anchor) if agreement is None or agreement.merged else own_loss
+    record = FinalRecord(
+        peer=j.node.peer_id,
+        round=peer.state.round,
+        tokens=peer.tokens,
+        val_loss=val_loss,
+        time_s=time.monotonic() - j.started,
+        stopped=stopped,
+        state_hash=final_hash,
+        step=peer.step,
+        own_val_loss=own_loss,
+        agreement=agreement,
     )
+    j.metrics.write(record)
+    return record

@@ -55,6 +55,8 @@ class LocalOptions:
     data streams) under run_dir/independent, and report the swarm's gain over training alone."""
     metrics_port_base: int | None = None
     """Prometheus endpoints: peer i on this port + i, the bootstrap node on this port + peers."""
+    dashboard_port: int | None = None
+    """`p2p-trainer dashboard` of the swarm on this loopback port (0: any free one); None: none."""
 
 
 def local_options(
@@ -119,8 +121,11 @@ class JoinArgs:
 
 
 def join_argv(args: JoinArgs, initial_peers: str) -> list[str]:
-    """`p2p-trainer join` with `initial_peers` as the bootstrap node printed it."""
-    argv = [*python_argv(), "join", "--config", str(args.config_path), *initial_peers.split()]
+    """`p2p-trainer join` with `initial_peers` as the bootstrap node printed it. The config file
+    holds the whole run already (flags and environment resolved), so the peer does not apply the
+    P2PT_ variables again: they would override the flags the file was resolved with."""
+    argv = [*python_argv(), "join", "--ignore-env", "--config", str(args.config_path)]
+    argv += initial_peers.split()
     argv += ["--identity", str(args.identity), "--host", args.host, "--run-dir", str(args.run_dir)]
     argv += ["--wait-for-peers", str(args.wait_for_peers), "--torch-threads", str(args.torch_threads)]
     if args.data_key is not None:
@@ -215,6 +220,45 @@ def check_metrics_ports(opts: LocalOptions) -> None:
                 ) from None
 
 
+def dashboard_argv(initial_peers: str, port: int, run_dir: Path, host: str = LOOPBACK) -> list[str]:
+    """`p2p-trainer dashboard` of the swarm `initial_peers` reaches, with the exchanges recorded
+    under `run_dir`; it prints `dashboard at <url> ...` on stdout once it listens."""
+    argv = [*python_argv(), "dashboard", *initial_peers.split(), "--host", host, "--port", str(port)]
+    return [*argv, "--run-dir", str(run_dir)]
+
+
+def check_dashboard_port(opts: LocalOptions) -> None:
+    """Raise `RuntimeError` naming `--dashboard-port` if that port is taken, before anything starts."""
+    port = opts.dashboard_port
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the dashboard's server binds
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError as exc:
+            raise RuntimeError(
+                f"--dashboard-port {port}: the port is not free on {LOOPBACK} ({exc.strerror}); pick a "
+                f"free port for --dashboard-port or stop what listens on it"
+            ) from None
+
+
+def _first_line(proc: subprocess.Popen[Any], timeout_s: float) -> str:
+    """The first line `proc` prints on its piped stdout ("" if it exits or prints none in time)."""
+    stdout = proc.stdout
+    assert stdout is not None, "stdout must be a pipe"
+    box: list[str] = []
+
+    def read() -> None:
+        line = stdout.readline()
+        box.append(line.decode(errors="replace") if isinstance(line, bytes) else line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return box[0].strip() if box else ""
+
+
 class LocalSwarm:
     """A bootstrap node and peer processes on loopback, as tracked children.
 
@@ -230,6 +274,7 @@ class LocalSwarm:
         self.initial_peers = ""
         """The bootstrap node's `--initial-peers <multiaddr>` line."""
         self.started: list[Child] = []
+        self.dashboard: Child | None = None
         """Every process started, in order."""
 
     def _start(self, child: Child) -> Child:
@@ -262,9 +307,22 @@ class LocalSwarm:
         self.peers[i] = self._start(Child(f"peer{i}", argv, log, thread_env(self.opts.torch_threads)))
         return self.peers[i]
 
+    def start_dashboard(self, port: int) -> str:
+        """`p2p-trainer dashboard` of this swarm on loopback `port` (0: any free one), showing the
+        peers' exchanges from the run directory; its URL, once it listens."""
+        log = self.opts.run_dir / "dashboard.log"
+        argv = dashboard_argv(self.initial_peers, port, self.opts.run_dir)
+        self.dashboard = self._start(Child("dashboard", argv, log))
+        line = _first_line(self.dashboard.proc, self.opts.startup_timeout_s)
+        if line.startswith("dashboard at "):
+            return line.split()[2]
+        self.dashboard.stop(timeout_s=5)
+        tail = _log_tail(log)
+        raise RuntimeError(f"the dashboard did not start; see {log}" + (f":\n{tail}" if tail else ""))
+
     def stop(self, peer_timeout_s: float = 60.0, boot_timeout_s: float = 15.0) -> None:
         """SIGINT every peer (clean shutdown), wait for them, then for the bootstrap node; reap all."""
-        current = list(self.peers.values())
+        current = [*self.peers.values(), *([self.dashboard] if self.dashboard else [])]
         for child in current:  # all at once: a peer waiting on a stopped partner would stall
             child.send(signal.SIGINT)
         for child in current:

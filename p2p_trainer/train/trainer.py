@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
-from p2p_trainer.algo.work import WorkQuota, micro_batch_tokens
+from p2p_trainer.algo.work import WorkQuota
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
-from p2p_trainer.train.data import Corpus, TokenStream, validation_batches
-from p2p_trainer.train.model import LanguageModel, build_model
+from p2p_trainer.train.data import Corpus
+from p2p_trainer.train.workload import Workload, language_model, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -54,44 +54,58 @@ class RoundMetrics:
     """Inner steps this round left out (the peer adopted a state mid-round, or had done them
     before it stopped mid-round and was resumed)."""
 
+    @property
+    def merged_with(self) -> int:
+        """Peers whose values reached this round's largest merged exchange, this one included
+        (1: it merged with no one)."""
+        return max((max(2, e.group_size) for e in self.report.exchanges if e.merged), default=1)
+
 
 class Peer:
     def __init__(
         self,
         cfg: RunConfig,
         exchange: Exchange,
-        corpus: Corpus,
-        peer_key: str,
+        corpus: Corpus | None = None,
+        peer_key: str = "",
         device: str = "cpu",
         live_peers: Callable[[], list[str]] | None = None,
         self_id: str | None = None,
         faults: FaultInjector = NO_FAULTS,
+        workload: Workload | None = None,
     ) -> None:
-        """`live_peers` (ids of the live peers) sizes this peer's share of a constant-work round (§6);
-        `faults` is told when the round's inner steps are half done (fault point "inner")."""
+        """Trains `workload`, or without one the config's model on `corpus` (the data stream
+        `peer_key`). `live_peers` (ids of the live peers) sizes this peer's share of a
+        constant-work round (§6); `faults` is told when the round's inner steps are half done
+        (fault point "inner")."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.faults = faults
-        self.model: LanguageModel = build_model(cfg.model, cfg.seed).to(self.device)
+        if workload is None:
+            if corpus is None:
+                raise ValueError("a Peer needs a corpus or a workload")
+            workload = language_model(cfg, corpus, peer_key)
+        self.workload = workload
+        self.model = workload.model.to(self.device)
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.params: list[torch.Tensor] = [p for _, p in named]
         inner = cfg.inner
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer: torch.optim.Optimizer = workload.optimizer or torch.optim.AdamW(
             self.params,
             lr=inner.lr,
             betas=inner.betas,
             weight_decay=inner.weight_decay,
             fused=self.device.type == "cuda",
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_factor(s, inner.warmup_steps, cfg.total_inner_steps, inner.min_lr_ratio),
+        self.lr_schedule = workload.lr_schedule or (
+            lambda s: lr_factor(s, inner.warmup_steps, cfg.total_inner_steps, inner.min_lr_ratio)
         )
-        self.stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, peer_key)
-        self.val = validation_batches(corpus, cfg.model.seq_len, cfg.data.batch_size, cfg.data.val_batches)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_schedule)
+        self.stream = workload.batches
+        self.val = workload.val_batches
         self.timing = grace_tracker(cfg.exchange)  # §4: step-time EMA feeds the grace window
         # §10: one full round's tokens, the most an honest partner's weight needs (a survivor's §6
         # top-up included)
-        full = cfg.outer.num_inner_steps * cfg.inner.grad_accum * micro_batch_tokens(cfg)
+        full = cfg.outer.num_inner_steps * cfg.inner.grad_accum * workload.tokens_per_batch
         round_tokens = float(max(full, cfg.outer.target_tokens_per_round))
         names = [n for n, _ in named]
         self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange, round_tokens, names)
@@ -159,7 +173,8 @@ class Peer:
             skipped_steps=first,
         )
         if (
-            self.cfg.inner.eval_every
+            self.val
+            and self.cfg.inner.eval_every
             and self.step % self.cfg.inner.eval_every < self.cfg.outer.num_inner_steps
         ):
             m.val_loss = self.evaluate()
@@ -171,14 +186,15 @@ class Peer:
         t0, blocked0 = time.monotonic(), report.blocked_s
         accum = micro_batches or inner.grad_accum
         total = torch.zeros((), device=self.device)
+        tokens = self.workload.tokens_per_batch
         for _ in range(accum):
-            x, y = (t.to(self.device, non_blocking=True) for t in self.stream.next_batch())
+            batch = to_device(self.stream.next_batch(), self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=inner.bf16):
-                loss = self.model(x, y) / accum
+                loss = self.workload.loss_fn(self.model, batch) / accum
             loss.backward()
             total += loss.detach()
-            self.tokens += x.numel()
-            self.tokens_since_merge += x.numel()
+            self.tokens += tokens
+            self.tokens_since_merge += tokens
         grads = [p.grad for p in self.params if p.grad is not None]
         self.method.sync_gradients(grads, self.step, report)  # data-parallel only
         if inner.grad_clip > 0:
@@ -197,7 +213,10 @@ class Peer:
 
     @torch.no_grad()
     def evaluate(self, params: list[torch.Tensor] | None = None) -> float:
-        """Mean validation loss in nats per token (= nats/byte for byte tokens)."""
+        """Mean validation loss (for our language models in nats per token, = nats/byte for byte
+        tokens); `params` instead of the model's own, for the call. Needs validation batches."""
+        if not self.val:
+            raise ValueError("this peer has no validation batches to evaluate on")
         self.model.eval()
         saved = None
         if params is not None:
@@ -206,9 +225,9 @@ class Peer:
                 p.copy_(v)
         try:
             losses = []
-            for x, y in self.val:
+            for batch in self.val:
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.inner.bf16):
-                    losses.append(float(self.model(x.to(self.device), y.to(self.device))))
+                    losses.append(float(self.workload.loss_fn(self.model, to_device(batch, self.device))))
             return sum(losses) / len(losses)
         finally:
             if saved is not None:
@@ -240,8 +259,7 @@ def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:
             p.copy_(a)
     peer.skip_steps, peer.work_done = skip_steps, 0
     peer.step = state.round * h + skip_steps
-    inner = peer.cfg.inner
     peer.scheduler.last_epoch = peer.step
-    factor = lr_factor(peer.step, inner.warmup_steps, peer.cfg.total_inner_steps, inner.min_lr_ratio)
+    factor = peer.lr_schedule(peer.step)
     for group, base in zip(peer.optimizer.param_groups, peer.scheduler.base_lrs, strict=True):
         group["lr"] = base * factor

@@ -88,6 +88,10 @@ def test_exchange_byte_counts_match_the_interface_counters(
             and res["result_received"] == res["transport_received"]
         )
         wire = moved[host]
+        print(
+            f"{codec} {host}: tx/sent {wire.tx_bytes / res['transport_sent']:.4f}, rx/received "
+            f"{wire.rx_bytes / res['transport_received']:.4f}"
+        )
         assert res["transport_sent"] <= wire.tx_bytes <= 1.05 * res["transport_sent"], (host, res, wire)
         assert res["transport_received"] <= wire.rx_bytes <= 1.05 * res["transport_received"], (
             host,

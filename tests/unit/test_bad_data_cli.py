@@ -69,3 +69,16 @@ def test_join_with_binary_data_exits_non_zero_before_its_node_starts(
     assert result.exit_code == 1, result.output
     assert not isinstance(result.exception, _Started)
     assert "noise.txt is binary, not text" in result.output
+
+
+def test_join_with_cuda_on_a_machine_without_it_says_what_to_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(join, "run_peer", _refuse)
+    argv = ["join", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/x", "--device", "cuda:0"]
+    result = CliRunner().invoke(cli.main, [*argv, "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    assert "--device cuda:0: no CUDA device is visible" in result.output and "--device cpu" in result.output

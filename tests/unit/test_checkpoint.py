@@ -56,4 +56,4 @@ def test_checkpoint_of_another_run_is_refused(tmp_path: Path) -> None:
 def test_checkpoint_write_is_atomic(tmp_path: Path) -> None:
     a = _peer(_cfg())
     save_checkpoint(a, tmp_path / "c.safetensors")
-    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "c.safetensors"]

@@ -37,6 +37,11 @@ def _imported_modules(argv: list[str]) -> set[str]:
         ["bootstrap", "--help"],
         ["simulate", "--help"],
         ["status", "--help"],
+        ["dashboard", "--help"],
+        ["config", "show", "--help"],
+        ["tokenizer", "train", "--help"],
+        ["sample", "--help"],
+        ["evaluate", "--help"],
     ],
 )
 def test_help_answers_without_importing_torch(argv: list[str]) -> None:
@@ -59,7 +64,8 @@ def test_shared_notions_have_one_name_and_type_everywhere() -> None:
             *("--host", "--port", "--announce-host", "--identity", "--initial-peers"),
             *("--metrics-port", "--metrics-host", "--log-format"),
         ],
-        ("join", "bootstrap", "status"): ["--initial-peers"],
+        ("join", "bootstrap", "status", "dashboard"): ["--initial-peers"],
+        ("join", "dashboard"): ["--host", "--port", "--run-dir"],
     }
     for commands, names in shared.items():
         for name in names:

@@ -225,10 +225,12 @@ def test_the_bundled_corpus_is_text_only() -> None:
         load_corpus(DataConfig(format="tokens"), SEQ)
 
 
-def test_the_reading_settings_join_the_run_definition_only_when_set() -> None:
+def test_the_reading_settings_join_the_run_definition_only_when_set(tmp_path: Path) -> None:
     base = RunConfig()
-    assert not any(k.startswith("data_") for k in base.run_definition())
-    tokens = dataclasses.replace(base, data=DataConfig(corpus="c.bin", format="tokens", token_dtype="uint32"))
+    reading = ("data_format", "data_text_field", "data_token_dtype")
+    assert not any(k in base.run_definition() for k in reading)
+    ids = str(write_tokens(tmp_path / "c.bin", np.arange(64, dtype=np.uint32)))
+    tokens = dataclasses.replace(base, data=DataConfig(corpus=ids, format="tokens", token_dtype="uint32"))
     assert tokens.run_definition()["data_format"] == "tokens"
     assert tokens.run_definition()["data_token_dtype"] == "uint32"
     other = dataclasses.replace(tokens, data=dataclasses.replace(tokens.data, token_dtype="uint16"))

@@ -15,6 +15,9 @@ delay line; processes run CPU-capped in a cgroup per host, single-threaded by en
         tb.stall(proc.pid); tb.resume(proc.pid); tb.kill(proc.pid)      # faults on the process
         tb.counters("p0").tx_bytes                                      # bytes on the wire
 
+NAT: `HostSpec("rtr", nat=True)` is a router with a private LAN; `HostSpec("home", behind="rtr")`
+sits on it, can dial out and cannot be dialled (`nat.py`; needs iptables).
+
 Tests use the `testbed_factory` fixture from tests/conftest.py (skips without root or
 `ip netns`); `bench/testbed_demo.py` is a bench. `cleanup_stale()` removes what a killed run
 left. Needs root and iproute2 (`ip netns`, `tc` with tbf, pfifo); cgroup v1 `cpu` (or v2 `cpu`).

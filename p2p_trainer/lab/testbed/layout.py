@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,19}$")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,9}$")
+MAX_ROUTERS = 50
+MAX_BEHIND = 200
+"""Hosts behind one router: its LAN is a /24 (the router is .1, its hosts .2 onwards)."""
 
 
 class TestbedConfigError(ValueError):
@@ -32,6 +35,12 @@ class HostSpec:
     """One-way delay added in each direction of this host's link by a user-space relay (relay.py;
     costs ~0.05 s CPU per MB outside the host's quota); 0 uses a plain veth (~0.05 ms RTT). The
     round trip between hosts a and b is about 2 * (a.delay_ms + b.delay_ms)."""
+    nat: bool = False
+    """A NAT router: besides its own link to the switch it holds a private LAN (`nat.py`) for the
+    hosts whose `behind` names it; it masquerades their connections and lets none in."""
+    behind: str | None = None
+    """Name of the `nat` host this host sits behind: its link goes to that router's LAN, not to
+    the switch, so it can dial out but cannot be dialled from outside."""
 
     def validate(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -48,6 +57,10 @@ class HostSpec:
         if self.cpu_cores is not None and not 0.01 <= self.cpu_cores <= 64:
             raise TestbedConfigError(
                 f"host {self.name}: cpu_cores={self.cpu_cores} is outside 0.01..64; use None for no quota"
+            )
+        if self.behind is not None and (self.nat or self.delay_ms > 0):
+            raise TestbedConfigError(
+                f"host {self.name}: a host behind a NAT can be neither a router nor delayed (delay_ms)"
             )
 
 
@@ -117,8 +130,15 @@ class TestbedConfig:
         names = [h.name for h in self.hosts]
         if len(set(names)) != len(names):
             raise TestbedConfigError(f"host names must be unique, got {names}")
-        for host in self.hosts:
+        for i, host in enumerate(self.hosts):
             host.validate()
+            routers = {h.name for h in self.hosts[:i] if h.nat}
+            if host.behind is not None and host.behind not in routers:
+                raise TestbedConfigError(
+                    f"host {host.name}: behind={host.behind!r} must name a host with nat=True listed before it"
+                )
+        if sum(h.nat for h in self.hosts) > MAX_ROUTERS:
+            raise TestbedConfigError(f"at most {MAX_ROUTERS} NAT routers per testbed")
         if not 2 <= self.cpu_shares <= 262_144:
             raise TestbedConfigError(f"cpu_shares={self.cpu_shares}: use 2..262144 (1024 is the default)")
         if not 0.001 <= self.queue_s <= 10 or not 0.0001 <= self.burst_s <= 1:
@@ -130,6 +150,14 @@ class TestbedConfig:
         if not 0 <= index < net.num_addresses - 2:
             raise TestbedConfigError(f"host index {index} does not fit in {self.subnet}")
         return str(net.network_address + 1 + index)
+
+    @staticmethod
+    def lan_address(router_ordinal: int, index: int) -> str:
+        """Address `index` (0: the router itself) on the LAN of the `router_ordinal`-th NAT router
+        (0-based); each router has its own 192.168.<100 + ordinal>.0/24."""
+        if not 0 <= router_ordinal < MAX_ROUTERS or not 0 <= index <= MAX_BEHIND:
+            raise TestbedConfigError(f"no LAN address {index} behind router {router_ordinal}")
+        return f"192.168.{100 + router_ordinal}.{index + 1}"
 
     @property
     def prefix_len(self) -> int:

@@ -10,6 +10,9 @@
         tb.counters("h0").tx_bytes
     # namespaces, links, qdiscs, cgroups and processes are gone here, also after an exception
 
+NAT: a host with `HostSpec(nat=True)` is a router holding a private LAN; a host whose `behind`
+names it is linked to that LAN instead of the switch (`nat.py`: masquerade out, nothing in).
+
 Latency: netem is missing on these kernels. `HostSpec.delay_ms` > 0 puts a user-space delay line
 (relay.py: two TAP devices and a Python loop) into the host's link instead of a veth; it costs CPU
 outside the peers' quotas, so it is off by default and plain links have ~0.05 ms RTT.
@@ -31,7 +34,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from p2p_trainer import processes
-from p2p_trainer.lab.testbed import netns
+from p2p_trainer.lab.testbed import nat, netns
 from p2p_trainer.lab.testbed.cgroup import CpuCgroup, detect_layout
 from p2p_trainer.lab.testbed.guard import CleanupGuard
 from p2p_trainer.lab.testbed.layout import HostSpec, TestbedConfig, TestbedConfigError
@@ -57,13 +60,19 @@ class Host:
     netns: str
     address: str
     switch_if: str
-    """The switch-side end of the host's veth (in the switch namespace)."""
+    """The far end of the host's veth: on the switch, or on its router's LAN (`link_ns`)."""
     cgroup: CpuCgroup | None
     up_rate_mbit: float | None
     down_rate_mbit: float | None
     is_cut: bool = False
     relay: subprocess.Popen[str] | None = None
     """The user-space delay line of the link, if `spec.delay_ms` > 0; not one of the host's pids."""
+    link_ns: str = ""
+    """Namespace of the far end of the link: the switch's, or the router's for a host behind a NAT."""
+    lan_hosts: int = 0
+    """Hosts behind this host, if it is a NAT router."""
+    router_ordinal: int = -1
+    """Which NAT router of the testbed this host is (0-based), if it is one."""
 
 
 class Testbed:
@@ -138,25 +147,22 @@ class Testbed:
                 raise TestbedConfigError(f"host {spec.name} exists already")
             if spec.cpu_cores is not None and self._layout is None:
                 raise TestbedError(f"host {spec.name}: cpu_cores set, but no writable cpu cgroup here")
-            index = len(self._hosts)
-            host = Host(
-                spec=spec,
-                index=index,
-                netns=f"{self.name}-{spec.name}",
-                address=self.config.host_address(index),
-                switch_if=f"v{index}",
-                cgroup=None,
-                up_rate_mbit=spec.up_rate_mbit,
-                down_rate_mbit=spec.down_rate_mbit,
-            )
+            router = self._router_of(spec)
+            host = self._new_host(spec, router)
             self._hosts[spec.name] = host
             self._namespaces.append(host.netns)
             netns.add_namespace(host.netns)
-            link = (self.switch_ns, host.switch_if, host.netns, host.address, self.config.prefix_len)
-            if spec.delay_ms > 0:
-                host.relay = netns.add_delayed_link(*link, delay_ms=spec.delay_ms)
+            if router is not None:
+                gateway = self.config.lan_address(router.router_ordinal, 0)
+                nat.add_lan_link(router.netns, host.switch_if, host.netns, host.address, gateway)
             else:
-                netns.add_link(*link)
+                link = (self.switch_ns, host.switch_if, host.netns, host.address, self.config.prefix_len)
+                if spec.delay_ms > 0:
+                    host.relay = netns.add_delayed_link(*link, delay_ms=spec.delay_ms)
+                else:
+                    netns.add_link(*link)
+            if spec.nat:
+                nat.setup_router(host.netns, self.config.lan_address(host.router_ordinal, 0))
             self._apply_shaping(host)
             if self._root_cgroup is not None:
                 host.cgroup = CpuCgroup(self._root_cgroup.layout, f"{self.name}/{spec.name}")
@@ -166,6 +172,47 @@ class Testbed:
                 # the instance's group competes with the rest of the machine as one entity
                 self._root_cgroup.set_weight(min(self.config.cpu_shares * len(self._hosts), 262_144))
             return host
+
+    def _router_of(self, spec: HostSpec) -> Host | None:
+        """The NAT router `spec` sits behind (None: on the switch); checks NAT support first."""
+        if not spec.nat and spec.behind is None:
+            return None
+        problem = nat.support_problem()
+        if problem is not None:
+            raise TestbedError(f"host {spec.name} needs a NAT router, but {problem}")
+        if spec.behind is None:
+            return None
+        router = self._hosts.get(spec.behind)
+        if router is None or not router.spec.nat:
+            raise TestbedConfigError(f"host {spec.name}: behind={spec.behind!r} is not a NAT router here")
+        return router
+
+    def _new_host(self, spec: HostSpec, router: Host | None) -> Host:
+        on_switch = [h for h in self._hosts.values() if h.spec.behind is None]
+        if router is not None:  # on the router's LAN: .1 is the router, its hosts from .2
+            router.lan_hosts += 1
+            address = self.config.lan_address(router.router_ordinal, router.lan_hosts)
+            far_end, link_ns = f"l{router.lan_hosts}", router.netns
+        else:
+            address, far_end, link_ns = (
+                self.config.host_address(len(on_switch)),
+                f"v{len(on_switch)}",
+                self.switch_ns,
+            )
+        host = Host(
+            spec=spec,
+            index=len(self._hosts),
+            netns=f"{self.name}-{spec.name}",
+            address=address,
+            switch_if=far_end,
+            cgroup=None,
+            up_rate_mbit=spec.up_rate_mbit,
+            down_rate_mbit=spec.down_rate_mbit,
+            link_ns=link_ns,
+        )
+        if spec.nat:
+            host.router_ordinal = sum(h.spec.nat for h in self._hosts.values())
+        return host
 
     def close(self, raise_errors: bool = True) -> None:
         """Kill every process of every host, delete namespaces and cgroups. Idempotent."""
@@ -238,7 +285,7 @@ class Testbed:
             raise TestbedError(f"no host {name!r} in {self.name}; hosts: {self.hosts}") from None
 
     def address(self, name: str) -> str:
-        """The host's IPv4 address on the bridge."""
+        """The host's IPv4 address on its link: on the switch, or on its router's LAN."""
         return self.host(name).address
 
     def set_rate(self, name: str, up_rate_mbit: float | None, down_rate_mbit: float | None) -> None:
@@ -253,7 +300,7 @@ class Testbed:
         """Silently drop everything the host sends or is sent (a partition, not a link error)."""
         host = self.host(name)
         netns.drop_egress(host.netns, HOST_IF)
-        netns.drop_egress(self.switch_ns, host.switch_if)
+        netns.drop_egress(host.link_ns, host.switch_if)
         host.is_cut = True
 
     def heal(self, name: str) -> None:
@@ -264,7 +311,7 @@ class Testbed:
 
     def _apply_shaping(self, host: Host) -> None:
         netns.set_egress(host.netns, HOST_IF, host.up_rate_mbit, self._shaper)
-        netns.set_egress(self.switch_ns, host.switch_if, host.down_rate_mbit, self._shaper)
+        netns.set_egress(host.link_ns, host.switch_if, host.down_rate_mbit, self._shaper)
 
     def counters(self, name: str) -> LinkCounters:
         """The host's interface counters: tx_bytes = uploaded, rx_bytes = downloaded."""

@@ -8,7 +8,8 @@ import pytest
 
 from p2p_trainer.lab.testbed import HostSpec, TestbedConfig, TestbedConfigError
 from p2p_trainer.lab.testbed import nat as tb_nat
-from p2p_trainer.net import reach, relay
+from p2p_trainer.net import message_relay as relay
+from p2p_trainer.net import reach
 from p2p_trainer.net.envelope import Signer
 
 TARGET = "12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"

@@ -50,6 +50,19 @@ def run_config_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def swarm_reader_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--initial-peers and --swarm of the commands that read a swarm from outside (status, dashboard)."""
+    func = click.option("--swarm", default="default", show_default=True, help="Name of the swarm to show.")(
+        func
+    )
+    return click.option(
+        "--initial-peers",
+        multiple=True,
+        required=True,
+        help="Multiaddr of a running node of the swarm, as `p2p-trainer bootstrap` prints it (repeatable).",
+    )(func)
+
+
 def run_dir_option(default: str | None, help_text: str) -> Decorator:
     return click.option(
         "--run-dir",

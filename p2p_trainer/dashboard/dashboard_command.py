@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from p2p_trainer.cli_options import swarm_reader_options
 from p2p_trainer.net.signals import install_stop_handlers
 
 if TYPE_CHECKING:
@@ -29,13 +30,7 @@ dashboard_port_option = click.option(
 
 
 @click.command("dashboard")
-@click.option(
-    "--initial-peers",
-    multiple=True,
-    required=True,
-    help="Multiaddr of a running node of the swarm, as `p2p-trainer bootstrap` prints it (repeatable).",
-)
-@click.option("--swarm", default="default", show_default=True, help="Name of the swarm to show.")
+@swarm_reader_options
 @click.option(
     "--host",
     default="127.0.0.1",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from p2p_trainer.cli_options import swarm_reader_options
 from p2p_trainer.net.signals import install_stop_handlers
 
 if TYPE_CHECKING:
@@ -75,13 +76,7 @@ def status_table(status: SwarmStatus) -> Table:
 
 
 @click.command("status")
-@click.option(
-    "--initial-peers",
-    multiple=True,
-    required=True,
-    help="Multiaddr of a running node of the swarm, as `p2p-trainer bootstrap` prints it (repeatable).",
-)
-@click.option("--swarm", default="default", show_default=True, help="Name of the swarm to show.")
+@swarm_reader_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with --watch: one object per line).")
 @click.option("--watch", is_flag=True, help="Keep printing until Ctrl-C.")
 @click.option(

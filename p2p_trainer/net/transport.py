@@ -44,8 +44,7 @@ PROTOCOL = "p2p-trainer/mix/1"
 HELLO_PROTOCOL = "p2p-trainer/hello/1"
 """Answers nothing: a peer behind NAT opens it to have a connection that others can use."""
 RELAYED_FOR_S = 30.0
-"""After a direct stream to a peer failed, send to it through a relay for this long before
-trying directly again (a dial to an address behind NAT can take seconds to fail)."""
+RELAY_AFTER_FAILURES = 2
 
 
 class MessageError(ValueError):
@@ -184,6 +183,37 @@ class Mailbox:
             self._drop(next(iter(self._entries)))
 
 
+class RouteChoice:
+    """Per peer, whether to try a direct stream first or go through a relay at once.
+
+    After `after_failures` direct streams to a peer failed in a row, its messages go through a
+    relay for `for_s` seconds: a dial to an address behind NAT can take seconds to fail. One
+    failure is not enough: a peer that just joined is not routable for a few seconds, and its
+    direct path is the fast one as soon as it is. Any direct stream with the peer, either way,
+    ends the detour at once: p2pd then holds a connection that streams both ways reuse.
+    """
+
+    def __init__(self, after_failures: int = RELAY_AFTER_FAILURES, for_s: float = RELAYED_FOR_S) -> None:
+        self.after_failures, self.for_s = after_failures, for_s
+        self._failures: dict[str, int] = {}
+        self._relayed_until: dict[str, float] = {}
+
+    def relay_only(self, peer_id: str, now: float) -> bool:
+        return self._relayed_until.get(peer_id, 0.0) > now
+
+    def direct_failed(self, peer_id: str, now: float) -> int:
+        """Count a failed direct stream; returns the failures in a row."""
+        failures = self._failures.get(peer_id, 0) + 1
+        self._failures[peer_id] = failures
+        if failures >= self.after_failures:
+            self._relayed_until[peer_id] = now + self.for_s
+        return failures
+
+    def direct_works(self, peer_id: str) -> None:
+        self._failures.pop(peer_id, None)
+        self._relayed_until.pop(peer_id, None)
+
+
 class Transport:
     """A peer's messaging endpoint on the DHT's p2p daemon."""
 
@@ -200,7 +230,7 @@ class Transport:
         """Signs messages sent through a relay; without one, nothing is relayed."""
         self.relays: list[str] = []
         """Peer ids of relays to try, in order, when a direct stream cannot be opened."""
-        self._relayed_until: dict[str, float] = {}
+        self.routes = RouteChoice()
         self.relayed_sent = 0
         """Messages delivered through a relay (also counted in `messages_sent`)."""
         self.relayed_received = 0
@@ -236,7 +266,7 @@ class Transport:
         p2p = await dht.replicate_p2p()
         await p2p.add_binary_stream_handler(PROTOCOL, self._on_stream)
         await p2p.add_binary_stream_handler(relay.RELAYED_PROTOCOL, self._on_relayed)
-        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, _close_at_once)
+        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, self._on_hello)
         return p2p
 
     # ----------------------------------------------------------------- running coroutines
@@ -249,7 +279,7 @@ class Transport:
     # ----------------------------------------------------------------- sending
     async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
         relays = self.relays if self.signer is not None else []
-        if relays and self._relayed_until.get(peer_id, 0.0) > time.monotonic():
+        if relays and self.routes.relay_only(peer_id, time.monotonic()):
             await self._send_relayed(relays, peer_id, header, payload)
             return
         try:
@@ -257,12 +287,16 @@ class Transport:
         except Exception as exc:  # p2pd reports a peer it cannot dial with several error types
             if not relays:
                 raise
+            failures = self.routes.direct_failed(peer_id, time.monotonic())
             logger.debug(
-                "no direct stream to %s (%s): trying relays", peer_id[-8:], str(exc).splitlines()[:1]
+                "no direct stream to %s (%s, %d in a row): trying relays",
+                peer_id[-8:],
+                str(exc).splitlines()[:1],
+                failures,
             )
             await self._send_relayed(relays, peer_id, header, payload)
-            self._relayed_until[peer_id] = time.monotonic() + RELAYED_FOR_S
             return
+        self.routes.direct_works(peer_id)
         _, reader, writer = opened
         try:
             await P2P.send_raw_data(encode_header(header), writer)
@@ -336,7 +370,12 @@ class Transport:
         header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
         return header, await read_frame(reader, self.max_payload_bytes)
 
+    async def _on_hello(self, info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.routes.direct_works(info.peer_id.to_base58())
+        writer.close()
+
     async def _on_stream(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.routes.direct_works(info.peer_id.to_base58())
         await self._receive(info.peer_id.to_base58(), reader, writer, self._read_message)
 
     async def _on_relayed(
@@ -431,7 +470,3 @@ class Transport:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         remove_files(own_sockets)
-
-
-async def _close_at_once(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.close()

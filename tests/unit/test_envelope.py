@@ -148,6 +148,8 @@ def test_garbage_and_mutated_envelopes_are_refused_without_raising() -> None:
 FIELDS = ["v", "key", "pk", "sig", "body", "x"]
 
 
+# a speed target: a bench (`make bench-check`), since a loaded machine would fail it spuriously
+@pytest.mark.bench
 def test_sealing_and_verifying_cost_tens_of_microseconds() -> None:
     key, subkey, value, expiration = sealed()
     rec, n = record(key, subkey, value, expiration), 200

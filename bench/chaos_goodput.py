@@ -83,6 +83,9 @@ QUICK = Plan(peers=3, rounds=300, num_inner_steps=20, kill_every_s=30.0, d_model
 def run_config(plan: Plan, method: str, constant_work: bool) -> RunConfig:
     micro = plan.batch_size * plan.seq_len
     target = plan.peers * plan.num_inner_steps * micro if constant_work else 0
+    exchange = ExchangeConfig(timeout_s=5.0)
+    if method == "factored":
+        exchange = dataclasses.replace(exchange, mix1_grace_s=2.0)
     return RunConfig(
         seed=0,
         rounds=plan.rounds,
@@ -92,7 +95,7 @@ def run_config(plan: Plan, method: str, constant_work: bool) -> RunConfig:
         outer=OuterConfig.for_method(
             method, num_inner_steps=plan.num_inner_steps, target_tokens_per_round=target
         ),
-        exchange=ExchangeConfig(timeout_s=5.0, **({"mix1_grace_s": 2.0} if method == "factored" else {})),
+        exchange=exchange,
     )
 
 

@@ -85,7 +85,8 @@ def member(args: argparse.Namespace) -> int:
     if len(members) < args.n:
         print(json.dumps({"error": f"saw {len(members)} of {args.n} members"}), flush=True)
         return 1
-    stop, steps = threading.Event(), []
+    stop = threading.Event()
+    steps: list[float] = []
     if args.busy:
         threading.Thread(target=_busy_training, args=(stop, steps), daemon=True).start()
     flat = torch.from_numpy(np.random.default_rng(args.index).standard_normal(args.floats).astype(np.float32))

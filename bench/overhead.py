@@ -54,9 +54,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = RunConfig(rounds=1, inner=InnerConfig(warmup_steps=0), outer=OuterConfig.for_method("independent"))
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
-    # the bare loop gets the very batches our stream produces, precomputed (no data cost at all)
+    # the bare loop gets the very batches our stream produces (its first `steps`, as our_loop's fresh
+    # peer takes them), precomputed (no data cost at all)
     peer = Peer(cfg, InProcessSwarm(1, cfg.seed).exchange(0), corpus, "peer0")
-    batches = [peer.stream.batch(i) for i in range(args.steps)]
+    batches = [peer.stream.next_batch() for _ in range(args.steps)]
     our_loop(cfg, 3)  # warm-up
     ratios = []
     for trial in range(args.trials):

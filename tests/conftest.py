@@ -30,8 +30,9 @@ from p2p_trainer.run.launcher import LocalSwarm, local_options
 # --------------------------------------------------------------------------- helpers
 
 
-def tiny_config(method: str, rounds: int, h: int = 5, **exchange: float) -> RunConfig:
-    """A tiny model for multi-process tests; `exchange` overrides ExchangeConfig fields."""
+def tiny_config(method: str, rounds: int, h: int = 5, **exchange: Any) -> RunConfig:
+    """A tiny model for multi-process tests; `exchange` overrides ExchangeConfig fields (of mixed
+    types; ExchangeConfig checks each against its annotation)."""
     return RunConfig(
         seed=0,
         rounds=rounds,

@@ -7,6 +7,7 @@ config comes from the environment the compose file passes through (P2PT_CONFIG, 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -71,6 +72,10 @@ def _start(tracked: Tracker, argv: list[str], log: Path, env: dict[str, str]) ->
         )
 
 
+def _logged(log: Path, text: str) -> bool:
+    return text in log.read_text()
+
+
 def _healthy(test: list[str]) -> bool:
     assert test[:2] == ["CMD", "python"]
     argv = [sys.executable, *test[2:]]
@@ -101,9 +106,9 @@ def test_compose_commands_bring_up_a_swarm_that_trains(tmp_path: Path, tracked: 
         health[name] = _local([str(t) for t in service["healthcheck"]["test"]], mounts, ports)
         procs[name] = _start(tracked, argv, tmp_path / f"{name}.log", env)
     for name in peers:
-        assert wait_until(lambda n=name: "waiting up to" in (tmp_path / f"{n}.log").read_text(), 120), (
-            tmp_path / f"{name}.log"
-        ).read_text()[-2000:]
+        peer_log = tmp_path / f"{name}.log"
+        waiting = functools.partial(_logged, peer_log, "waiting up to")
+        assert wait_until(waiting, 120), peer_log.read_text()[-2000:]
         assert procs[name].poll() is None
 
     boot = services["bootstrap"]

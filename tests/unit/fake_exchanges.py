@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ from p2p_trainer.net.transport import Mailbox, Message
 class Finished:
     """A background exchange that is already done and hands back the tensors it was given."""
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
         self.tensors = tensors
 
     def done(self) -> bool:
@@ -25,7 +26,10 @@ class Finished:
 
 
 class FakeTransport:
-    """Delivers straight into the receiver's mailbox; sends to a dead peer raise like p2pd does."""
+    """Delivers straight into the receiver's mailbox; sends to a dead peer raise like p2pd does.
+
+    It has the members the butterfly uses (`send`, `mailbox`), but Transport is a concrete class,
+    not a Protocol: callers pass it with `# type: ignore[arg-type]`."""
 
     def __init__(self, peer_id: str, net: dict[str, FakeTransport], dead: set[str]) -> None:
         self.peer_id, self.net, self.dead = peer_id, net, dead

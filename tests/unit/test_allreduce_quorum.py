@@ -256,7 +256,11 @@ def test_a_part_in_an_unknown_number_format_is_dropped() -> None:
         header = {"key": "x", "w": 1.0, "dt": "f8"}
         net["a"].mailbox.put("run/outer/0/0/abc|c|0|b", Message("b", header, payload))
         return await butterfly_average(
-            net["a"], _spec(members, "a", 2), torch.zeros(10), 1.0, time.monotonic() + 1.0
-        )  # type: ignore[arg-type]
+            net["a"],  # type: ignore[arg-type]  # FakeTransport has the members the butterfly uses
+            _spec(members, "a", 2),
+            torch.zeros(10),
+            1.0,
+            time.monotonic() + 1.0,
+        )
 
     assert isinstance(asyncio.run(run()), Failed)

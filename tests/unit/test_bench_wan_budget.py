@@ -151,7 +151,7 @@ def test_the_head_to_head_table_prints_every_median_with_its_range() -> None:
         curve = [{"time_s": t, "tokens": 100.0 * t, "val_loss": loss + (20 - t) / 20} for t in (10.0, 20.0)]
         ev: dict[str, object] = {"curve": curve, "mean_peer_loss": loss, "consensus_loss": loss}
         ev |= {"best_peer_loss": loss, "tokens_per_s_per_peer": 100.0, "steps": [40, 42]}
-        stats = {"tx_bytes_per_peer": 2e6, "rx_bytes_per_peer": 3e6, "rounds_min": 4}
+        stats: dict[str, object] = {"tx_bytes_per_peer": 2e6, "rx_bytes_per_peer": 3e6, "rounds_min": 4}
         stats |= {"exchange_time_vs_bound": {}, "transfer_time_vs_bound": {}}
         r = {"budget_s": 20.0, "load_before": [0.5, 0, 0], "load_after": [0.7, 0, 0]}
         return {"variant": variant, "seed": seed, "eval": ev, "stats": stats, "run": r}

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2p_trainer.algo.methods import OuterState
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.lab.chaos.report import peer_summary, tokens_per_round
 from p2p_trainer.lab.chaos.timeline import ChaosScenarioError, chaos_scenario_from_dict, load_chaos_scenario
 from p2p_trainer.net.dht import left_by_dead_process
 from p2p_trainer.net.records import Liveness
-from p2p_trainer.net.state_sync import donor_order, first_download, heartbeat_lag_rounds
+from p2p_trainer.net.state_sync import DonorState, donor_order, first_download, heartbeat_lag_rounds
 from p2p_trainer.round_log import ExchangeRecord, LogRecord, RoundRecord, StartRecord
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "bench" / "chaos").glob("*.toml"))
@@ -75,10 +74,10 @@ def test_short_rounds_widen_the_fresh_donors() -> None:
 
 
 def test_a_failed_donor_is_followed_by_the_next() -> None:
-    state = OuterState(anchor=[torch.zeros(2)], momentum=[torch.zeros(2)], round=7)
+    state = DonorState(anchor=[torch.zeros(2)], momentum=[torch.zeros(2)], round=7)
     tried: list[str] = []
 
-    def download(donor: str) -> OuterState | Failed:
+    def download(donor: str) -> DonorState | Failed:
         tried.append(donor)
         return Failed("connection reset mid-transfer") if donor == "a" else state
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 
 import torch
 
@@ -145,11 +146,11 @@ class _Recorder:
     def __init__(self) -> None:
         self.requests: list[ExchangeRequest] = []
 
-    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> Finished:
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> Finished:
         self.requests.append(request)
         return Finished(tensors)
 
-    def average(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> Ok:
+    def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> Ok:
         self.requests.append(request)
         return Ok(list(tensors), group_size=2, total_weight=2.0, quorum_s=0.1, sync_s=8.0)  # a long Mix2
 
@@ -206,13 +207,19 @@ class _Scripted:
         self.outcomes = outcomes
         self.started: list[tuple[str, int]] = []
 
-    def average(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+    def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
         return self.outcomes[request.tag].pop(0)
 
-    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> PendingExchange:
+    def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> PendingExchange:
         self.started.append((request.tag, request.round))
         done = InProcessSwarm(1, seed=0).exchange(0)
         return done.start(tensors, dataclasses.replace(request, group_size=ALL))
+
+    def num_live_peers(self) -> int:
+        return 2
+
+    def close(self) -> None:
+        pass
 
 
 def test_diloco_reagrees_in_the_round_after_a_partial_exchange_until_one_succeeds() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from p2p_trainer.lab.sim import Scenario, simulate
 from p2p_trainer.lab.sim.latency import group_average_s, ring_allreduce_s, tree_allreduce_s
+from p2p_trainer.lab.sim.scenario import AllReduce
 
 B = 4e8  # 100M fp32 parameters
 BW = 1e9 / 8  # 1 Gbit/s
@@ -27,7 +28,7 @@ def test_formulas_scale_as_stated() -> None:
 
 
 @pytest.mark.parametrize("allreduce", ["ring", "tree"])
-def test_simulated_round_times_pairs_flat_allreduce_grows(allreduce: str) -> None:
+def test_simulated_round_times_pairs_flat_allreduce_grows(allreduce: AllReduce) -> None:
     rounds: dict[str, list[float]] = {"noloco": [], "diloco": []}
     for n in (8, 64, 512):
         s = Scenario(

@@ -31,6 +31,12 @@ class _Recording:
         self.requests.append(request)
         return self.inner.start(tensors, request)
 
+    def num_live_peers(self) -> int:
+        return self.inner.num_live_peers()
+
+    def close(self) -> None:
+        self.inner.close()
+
 
 def _peer(method: str) -> tuple[Peer, _Recording]:
     cfg = RunConfig(

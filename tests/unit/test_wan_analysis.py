@@ -59,7 +59,7 @@ def test_seed_comparison_and_sanity() -> None:
     assert cmp["methods"]["independent"]["loss_at_equal_time"] == 2.6  # finished early: final loss kept
     assert cmp["methods"]["diloco"]["loss_at_equal_tokens"] == 3.0
     assert cmp["diloco_final_loss"] == 2.4 and cmp["methods"]["independent"]["time_to_diloco_final_s"] is None
-    summary = {v: {"bytes_vs_theory": 1.02} for v in curves}
+    summary: dict[str, dict[str, float | None]] = {v: {"bytes_vs_theory": 1.02} for v in curves}
     summary["independent"]["bytes_vs_theory"] = None
     s = sanity(summary, [cmp])
     assert s["data_parallel_best_per_token"] and s["independent_worst_per_token"] and s["bytes_within_5pct"]

@@ -168,22 +168,11 @@ def read_initial_peers(proc: subprocess.Popen[Any], log_path: Path, timeout_s: f
     Raises `BootstrapStartError` naming its log when it exits first or prints nothing in time;
     stopping it is the caller's part (a `Child` or the testbed owns it).
     """
-    stdout = proc.stdout
-    assert stdout is not None, "the bootstrap node's stdout must be a pipe"
-    box: list[str] = []
-
-    def read() -> None:
-        line = stdout.readline()
-        box.append(line.decode(errors="replace") if isinstance(line, bytes) else line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    line = box[0].strip() if box else ""
-    if line.startswith("--initial-peers"):
+    line = _first_line(proc, timeout_s)
+    if line is not None and line.startswith("--initial-peers"):
         return line
     try:
-        code: int | None = proc.wait(timeout=1.0) if box else proc.poll()
+        code: int | None = proc.wait(timeout=1.0) if line is not None else proc.poll()
     except subprocess.TimeoutExpired:
         code = None
     why = (
@@ -243,8 +232,9 @@ def check_dashboard_port(opts: LocalOptions) -> None:
             ) from None
 
 
-def _first_line(proc: subprocess.Popen[Any], timeout_s: float) -> str:
-    """The first line `proc` prints on its piped stdout ("" if it exits or prints none in time)."""
+def _first_line(proc: subprocess.Popen[Any], timeout_s: float) -> str | None:
+    """The first line `proc` prints on its piped stdout, stripped; "" if it closed its stdout
+    (exited) first, None if nothing came within `timeout_s`."""
     stdout = proc.stdout
     assert stdout is not None, "stdout must be a pipe"
     box: list[str] = []
@@ -256,7 +246,7 @@ def _first_line(proc: subprocess.Popen[Any], timeout_s: float) -> str:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout_s)
-    return box[0].strip() if box else ""
+    return box[0].strip() if box else None
 
 
 class LocalSwarm:
@@ -313,7 +303,7 @@ class LocalSwarm:
         log = self.opts.run_dir / "dashboard.log"
         argv = dashboard_argv(self.initial_peers, port, self.opts.run_dir)
         self.dashboard = self._start(Child("dashboard", argv, log))
-        line = _first_line(self.dashboard.proc, self.opts.startup_timeout_s)
+        line = _first_line(self.dashboard.proc, self.opts.startup_timeout_s) or ""
         if line.startswith("dashboard at "):
             return line.split()[2]
         self.dashboard.stop(timeout_s=5)

@@ -24,6 +24,7 @@ from p2p_trainer.round_log import read_log
 from p2p_trainer.run.launcher import LocalSwarm, local_options
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+STARTUP_TIMEOUT_S = 180.0
 
 
 def cpu_ticks(pid: int) -> int:
@@ -74,17 +75,21 @@ def main() -> None:
     cfg = load_config(method=args.method)  # the packaged default run, as `local --method` runs it
     with tempfile.TemporaryDirectory(prefix="node-cpu-") as tmp:
         run_dir = Path(tmp)
-        opts = local_options(run_dir, cfg, args.peers, max_minutes=(args.window_s + 90) / 60)
+        # long enough that no peer stops inside the window, however slowly they all start
+        limit_s = STARTUP_TIMEOUT_S + args.window_s + 60
+        opts = local_options(run_dir, cfg, args.peers, max_minutes=limit_s / 60)
         with LocalSwarm(opts) as swarm:
             swarm.start_bootstrap()
             children = [swarm.start_peer(i) for i in range(args.peers)]
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
             logs = [run_dir / f"peer{i}" / "metrics.jsonl" for i in range(args.peers)]
             while not all(log.exists() and read_log(log).rounds for log in logs):
                 if time.monotonic() > deadline:
-                    raise SystemExit("the peers did not all train a round within 180 s")
+                    raise SystemExit(f"the peers did not all train a round within {STARTUP_TIMEOUT_S:.0f} s")
                 time.sleep(1.0)
             cores = sample([c.pid for c in children], args.window_s)
+            if any(c.proc.poll() is not None for c in children):
+                raise SystemExit("a peer stopped inside the window: its cores would read low")
     print(f"{args.peers} peers, method {args.method}, {args.window_s:.0f} s window; cores per peer:")
     for name, values in sorted(cores.items(), key=lambda kv: -statistics.median(kv[1])):
         med = statistics.median(values)

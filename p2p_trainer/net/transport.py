@@ -335,6 +335,7 @@ class Transport:
         then use to reach this one even when it cannot dial this one (behind NAT)."""
         _, _, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HELLO_PROTOCOL)
         writer.close()
+        self.routes.direct_works(peer_id)
 
     async def connected_peers(self) -> set[str]:
         """Peers p2pd has a connection with now."""

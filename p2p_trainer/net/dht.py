@@ -52,7 +52,8 @@ from p2p_trainer.net.record_validator import SignedRecordValidator
 
 logger = logging.getLogger(__name__)
 
-_BOOTSTRAP_FAILURES = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
+BOOTSTRAP_FAILURES = ("failed to connect to bootstrap peers", "none of the initial_peers responded")
+"""What hivemind's errors say when no initial peer answered (the status client tells them apart too)."""
 
 
 class DHTCallTimeout(TimeoutError):
@@ -151,7 +152,7 @@ def _start_with_retries(
         try:
             return _try_start(config, identity, initial_peers, drops)
         except Exception as e:
-            if not initial_peers or not any(text in str(e) for text in _BOOTSTRAP_FAILURES):
+            if not initial_peers or not any(text in str(e) for text in BOOTSTRAP_FAILURES):
                 raise
             last_error = str(e).strip().splitlines()[-1]
             if attempt + 1 == config.connect_attempts:

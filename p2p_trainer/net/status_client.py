@@ -23,7 +23,7 @@ import hivemind
 from p2p_trainer import processes
 from p2p_trainer.net import reaper, records
 from p2p_trainer.net.addresses import unreachable_message, validate_initial_peers
-from p2p_trainer.net.dht import _BOOTSTRAP_FAILURES, DHTCallTimeout, InitialPeersUnreachable
+from p2p_trainer.net.dht import BOOTSTRAP_FAILURES, DHTCallTimeout, InitialPeersUnreachable
 from p2p_trainer.net.envelope import READ_DROPS, DropCounter
 from p2p_trainer.net.record_validator import SignedRecordValidator
 
@@ -104,7 +104,7 @@ class StatusClient:
         except Exception as exc:
             self._stop(grace_s=5.0)
             text = str(exc)
-            if any(failure in text for failure in _BOOTSTRAP_FAILURES):
+            if any(failure in text for failure in BOOTSTRAP_FAILURES):
                 last = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
                 raise InitialPeersUnreachable(unreachable_message(initial_peers, 1, last)) from None
             raise

@@ -9,13 +9,12 @@ distributed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from p2p_trainer.config import ModelConfig
+from p2p_trainer.train.weight_init import init_transformer_weights
 
 NORM_EPS = 1e-6
 
@@ -106,16 +105,9 @@ class Llama(nn.Module):
         cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.apply(self._init_weights)
-        # scale residual projections by depth so the residual stream stays O(1), as in the GPT
-        for name, p in self.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        init_transformer_weights(
+            self, cfg.n_layers, residual_projections=("o_proj.weight", "down_proj.weight")
+        )
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for `idx` (B, T); with `targets`, the mean cross-entropy in nats per token."""

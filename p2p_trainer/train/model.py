@@ -8,14 +8,13 @@ decoder (`model.arch = "llama"`) is in llama.py. Imports nothing distributed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from p2p_trainer.config import ModelConfig
 from p2p_trainer.train.llama import Llama
+from p2p_trainer.train.weight_init import init_transformer_weights
 
 
 class CausalSelfAttention(nn.Module):
@@ -70,16 +69,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:  # fewer parameters to train and to exchange
             self.head.weight = self.tok_emb.weight
-        self.apply(self._init_weights)
-        # GPT-2 style: scale residual projections by depth so the residual stream stays O(1).
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        init_transformer_weights(self, cfg.n_layers, residual_projections=("proj.weight",))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for `idx` (B, T); with `targets`, the mean cross-entropy in nats per token."""

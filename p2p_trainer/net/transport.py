@@ -44,7 +44,13 @@ PROTOCOL = "p2p-trainer/mix/1"
 HELLO_PROTOCOL = "p2p-trainer/hello/1"
 """Answers nothing: a peer behind NAT opens it to have a connection that others can use."""
 RELAYED_FOR_S = 30.0
-RELAY_AFTER_FAILURES = 2
+VIEW_WAIT_S = 2.0
+"""How long a stream from a peer not (yet) in the live view is held, unread, before it is closed:
+the view refreshes every view period, so a peer that has just joined enters it meanwhile. Its
+sender takes a closed stream for a delivery and does not send again, so a refusal loses the
+message."""
+"""After a direct stream to a peer failed, send to it through a relay for this long before
+trying directly again (a dial to an address behind NAT can take seconds to fail)."""
 
 
 class MessageError(ValueError):
@@ -183,37 +189,6 @@ class Mailbox:
             self._drop(next(iter(self._entries)))
 
 
-class RouteChoice:
-    """Per peer, whether to try a direct stream first or go through a relay at once.
-
-    After `after_failures` direct streams to a peer failed in a row, its messages go through a
-    relay for `for_s` seconds: a dial to an address behind NAT can take seconds to fail. One
-    failure is not enough: a peer that just joined is not routable for a few seconds, and its
-    direct path is the fast one as soon as it is. Any direct stream with the peer, either way,
-    ends the detour at once: p2pd then holds a connection that streams both ways reuse.
-    """
-
-    def __init__(self, after_failures: int = RELAY_AFTER_FAILURES, for_s: float = RELAYED_FOR_S) -> None:
-        self.after_failures, self.for_s = after_failures, for_s
-        self._failures: dict[str, int] = {}
-        self._relayed_until: dict[str, float] = {}
-
-    def relay_only(self, peer_id: str, now: float) -> bool:
-        return self._relayed_until.get(peer_id, 0.0) > now
-
-    def direct_failed(self, peer_id: str, now: float) -> int:
-        """Count a failed direct stream; returns the failures in a row."""
-        failures = self._failures.get(peer_id, 0) + 1
-        self._failures[peer_id] = failures
-        if failures >= self.after_failures:
-            self._relayed_until[peer_id] = now + self.for_s
-        return failures
-
-    def direct_works(self, peer_id: str) -> None:
-        self._failures.pop(peer_id, None)
-        self._relayed_until.pop(peer_id, None)
-
-
 class Transport:
     """A peer's messaging endpoint on the DHT's p2p daemon."""
 
@@ -230,7 +205,7 @@ class Transport:
         """Signs messages sent through a relay; without one, nothing is relayed."""
         self.relays: list[str] = []
         """Peer ids of relays to try, in order, when a direct stream cannot be opened."""
-        self.routes = RouteChoice()
+        self._relayed_until: dict[str, float] = {}
         self.relayed_sent = 0
         """Messages delivered through a relay (also counted in `messages_sent`)."""
         self.relayed_received = 0
@@ -241,6 +216,7 @@ class Transport:
             )
         self.mailbox = Mailbox(quota=quota)
         self.accept_from: Callable[[str], bool] = lambda _: True
+        self.view_wait_s = VIEW_WAIT_S
         """Whether to take exchange messages from a peer (the live view, with defences on)."""
         self._open: dict[str, int] = {}
         """Sender -> its incoming streams being read now."""
@@ -266,7 +242,7 @@ class Transport:
         p2p = await dht.replicate_p2p()
         await p2p.add_binary_stream_handler(PROTOCOL, self._on_stream)
         await p2p.add_binary_stream_handler(relay.RELAYED_PROTOCOL, self._on_relayed)
-        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, self._on_hello)
+        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, _close_at_once)
         return p2p
 
     # ----------------------------------------------------------------- running coroutines
@@ -279,7 +255,7 @@ class Transport:
     # ----------------------------------------------------------------- sending
     async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
         relays = self.relays if self.signer is not None else []
-        if relays and self.routes.relay_only(peer_id, time.monotonic()):
+        if relays and self._relayed_until.get(peer_id, 0.0) > time.monotonic():
             await self._send_relayed(relays, peer_id, header, payload)
             return
         try:
@@ -287,16 +263,12 @@ class Transport:
         except Exception as exc:  # p2pd reports a peer it cannot dial with several error types
             if not relays:
                 raise
-            failures = self.routes.direct_failed(peer_id, time.monotonic())
             logger.debug(
-                "no direct stream to %s (%s, %d in a row): trying relays",
-                peer_id[-8:],
-                str(exc).splitlines()[:1],
-                failures,
+                "no direct stream to %s (%s): trying relays", peer_id[-8:], str(exc).splitlines()[:1]
             )
             await self._send_relayed(relays, peer_id, header, payload)
+            self._relayed_until[peer_id] = time.monotonic() + RELAYED_FOR_S
             return
-        self.routes.direct_works(peer_id)
         _, reader, writer = opened
         try:
             await P2P.send_raw_data(encode_header(header), writer)
@@ -335,7 +307,6 @@ class Transport:
         then use to reach this one even when it cannot dial this one (behind NAT)."""
         _, _, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HELLO_PROTOCOL)
         writer.close()
-        self.routes.direct_works(peer_id)
 
     async def connected_peers(self) -> set[str]:
         """Peers p2pd has a connection with now."""
@@ -367,16 +338,26 @@ class Transport:
             return f"already {self.security.sender_open_streams} streams open"
         return None
 
+    async def _wait_for_view(self, sender: str) -> None:
+        """Hold a stream from `sender` until the live view takes it in or `view_wait_s` passes;
+        held streams count against the sender's bound on open streams, so none piles up."""
+        if self._open.get(sender, 0) >= self.security.sender_open_streams:
+            return
+        self._open[sender] = self._open.get(sender, 0) + 1
+        try:
+            deadline = time.monotonic() + self.view_wait_s
+            while not self.accept_from(sender) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        finally:
+            self._open[sender] -= 1
+            if not self._open[sender]:
+                del self._open[sender]
+
     async def _read_message(self, reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
         header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
         return header, await read_frame(reader, self.max_payload_bytes)
 
-    async def _on_hello(self, info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.routes.direct_works(info.peer_id.to_base58())
-        writer.close()
-
     async def _on_stream(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.routes.direct_works(info.peer_id.to_base58())
         await self._receive(info.peer_id.to_base58(), reader, writer, self._read_message)
 
     async def _on_relayed(
@@ -416,6 +397,8 @@ class Transport:
         writer: asyncio.StreamWriter,
         read: Callable[[asyncio.StreamReader], Awaitable[tuple[dict[str, Any], bytes]]],
     ) -> None:
+        if self.security.defences and not self.accept_from(sender):
+            await self._wait_for_view(sender)
         refusal = self._refusal(sender)
         if refusal is not None:
             self.refused += 1
@@ -471,3 +454,7 @@ class Transport:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         remove_files(own_sockets)
+
+
+async def _close_at_once(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()

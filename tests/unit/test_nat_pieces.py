@@ -1,5 +1,5 @@
-"""Pieces of the NAT support that need no network: relayed-message signatures, the choice of
-route, the reachability advice, multiaddr parsing, and NAT layouts in the testbed config."""
+"""Pieces of the NAT support that need no network: relayed-message signatures, the reachability
+advice, multiaddr parsing, and NAT layouts in the testbed config."""
 
 from __future__ import annotations
 
@@ -11,32 +11,12 @@ from p2p_trainer.lab.testbed import nat as tb_nat
 from p2p_trainer.net import message_relay as relay
 from p2p_trainer.net import reach
 from p2p_trainer.net.envelope import Signer
-from p2p_trainer.net.transport import RouteChoice
 
 TARGET = "12D3KooWQnzt8fuWAkZdLjt9HiEYGPEP1oSy6yFy4TSk4nRr1ZUr"
 
 
 def _signer() -> Signer:
     return Signer(nacl.signing.SigningKey.generate())
-
-
-def test_one_failed_dial_does_not_send_a_peer_through_the_relay() -> None:
-    routes, other = RouteChoice(after_failures=2, for_s=30.0), "12D3KooWother"
-    # a joiner not yet routable: its first dial fails, the next message tries directly again
-    assert routes.direct_failed(TARGET, now=100.0) == 1
-    assert not routes.relay_only(TARGET, now=100.1)
-    # a second failure in a row: relayed only, until the detour ends
-    assert routes.direct_failed(TARGET, now=101.0) == 2
-    assert routes.relay_only(TARGET, now=101.1) and routes.relay_only(TARGET, now=130.9)
-    assert not routes.relay_only(TARGET, now=131.1)
-    assert not routes.relay_only(other, now=101.1)  # per peer
-    # any direct stream with the peer (it opened one to us, say) ends the detour at once
-    routes.direct_failed(TARGET, now=140.0)
-    assert routes.relay_only(TARGET, now=140.1)
-    routes.direct_works(TARGET)
-    assert not routes.relay_only(TARGET, now=140.2)
-    # and starts the count again: one new failure is one, not three
-    assert routes.direct_failed(TARGET, now=150.0) == 1 and not routes.relay_only(TARGET, now=150.1)
 
 
 def test_relayed_message_names_its_signer_and_nothing_can_be_changed() -> None:

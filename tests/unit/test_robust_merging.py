@@ -259,6 +259,7 @@ def test_streams_are_bounded_per_sender_and_in_time() -> None:
     security = SecurityConfig(stream_read_timeout_s=0.3, sender_open_streams=1)
     transport = _Offline(cast(DHT, None), max_payload_bytes=1 << 20, security=security)
     transport.accept_from = lambda peer: peer != "stranger"
+    transport.view_wait_s = 0.2  # a stranger's stream is held this long before it is refused
     header = _frame(encode_header({"key": "run/x|c|0"}))
 
     async def drive() -> float:
@@ -281,6 +282,25 @@ def test_streams_are_bounded_per_sender_and_in_time() -> None:
         assert transport.refused == 3 and transport.messages_received == 1
         assert transport.mailbox.held_by("friend") == (2, 1) and transport.mailbox.held_by("slow") == (0, 0)
         assert transport.heard_within(60) == {"friend"}  # refused senders do not count as heard
+    finally:
+        transport.close()
+
+
+def test_a_sender_entering_the_view_meanwhile_is_taken_not_refused() -> None:
+    # a peer that has just joined sends before this one's view has read its heartbeat; the stream
+    # waits for the view instead of being closed (which its sender would take for a delivery)
+    transport = _Offline(cast(DHT, None), max_payload_bytes=1 << 20, security=SecurityConfig())
+    live: set[str] = set()
+    transport.accept_from = lambda peer: peer in live
+
+    async def drive() -> None:
+        info, reader = _stream("joiner", [_frame(encode_header({"key": "run/x|c|0"})), _frame(b"hi")])
+        asyncio.get_running_loop().call_later(0.3, live.add, "joiner")  # the next view refresh
+        await transport._on_stream(info, reader, cast(asyncio.StreamWriter, _Writer()))
+
+    try:
+        transport.run(drive(), timeout_s=5)
+        assert transport.mailbox.held_by("joiner") == (2, 1) and transport.refused == 0
     finally:
         transport.close()
 

@@ -44,13 +44,13 @@ PROTOCOL = "p2p-trainer/mix/1"
 HELLO_PROTOCOL = "p2p-trainer/hello/1"
 """Answers nothing: a peer behind NAT opens it to have a connection that others can use."""
 RELAYED_FOR_S = 30.0
+"""After a direct stream to a peer failed, send to it through a relay for this long before
+trying directly again (a dial to an address behind NAT can take seconds to fail)."""
 VIEW_WAIT_S = 2.0
 """How long a stream from a peer not (yet) in the live view is held, unread, before it is closed:
 the view refreshes every view period, so a peer that has just joined enters it meanwhile. Its
 sender takes a closed stream for a delivery and does not send again, so a refusal loses the
 message."""
-"""After a direct stream to a peer failed, send to it through a relay for this long before
-trying directly again (a dial to an address behind NAT can take seconds to fail)."""
 
 
 class MessageError(ValueError):
@@ -216,8 +216,8 @@ class Transport:
             )
         self.mailbox = Mailbox(quota=quota)
         self.accept_from: Callable[[str], bool] = lambda _: True
-        self.view_wait_s = VIEW_WAIT_S
         """Whether to take exchange messages from a peer (the live view, with defences on)."""
+        self.view_wait_s = VIEW_WAIT_S
         self._open: dict[str, int] = {}
         """Sender -> its incoming streams being read now."""
         self.refused = 0
@@ -349,9 +349,13 @@ class Transport:
             while not self.accept_from(sender) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
         finally:
-            self._open[sender] -= 1
-            if not self._open[sender]:
-                del self._open[sender]
+            self._release(sender)
+
+    def _release(self, sender: str) -> None:
+        """One of `sender`'s open streams is done with."""
+        self._open[sender] -= 1
+        if not self._open[sender]:
+            del self._open[sender]
 
     async def _read_message(self, reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes]:
         header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
@@ -419,9 +423,7 @@ class Transport:
             self.refused += 1
             logger.warning("message from %s dropped: not whole within the read timeout", sender)
         finally:
-            self._open[sender] -= 1
-            if not self._open[sender]:
-                del self._open[sender]
+            self._release(sender)
             writer.close()
 
     def heard_within(self, seconds: float) -> set[str]:

@@ -1,7 +1,8 @@
 """The head-to-head's arms and their schedules.
 
 Fixed arms: the bare torch loop, independent training, data-parallel, DiLoCo (whole model, and
-Streaming DiLoCo with two fragments) and NoLoCo. Two
+Streaming DiLoCo with two fragments), NoLoCo and the shipped default (factored gossip as
+`default.toml` sets it). Two
 families of alternatives, one member of each picked on the tuning seeds: our factored method
 (Mix1 only, or Mix1 + Mix2 every K rounds) and hivemind.Optimizer (averaging in the background,
 its default, or blocking in `step`). Every arm of ours sends `wire_dtype` on the wire, and
@@ -41,6 +42,9 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
             {"fragments": 2, "num_inner_steps": max(1, h // 2), **CANONICAL, **wire},
         ),
         Variant("noloco", "noloco", {**CANONICAL, **wire}),
+        # what a user gets with no flags: the shipped config (Mix2 in pairs every round, its
+        # own wire format and quorum), only H set by the bench like every other arm's
+        Variant("factored-default", "factored", {**align}),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]
     out += [

@@ -48,6 +48,9 @@ def main() -> None:
     )
     try:
         _say({"peer_id": transport.peer_id, "maddrs": [str(m) for m in dht.get_visible_maddrs()]})
+        # counted before the partner is named: its first part can arrive before this peer's
+        # own exchange starts, and belongs to the exchange all the same
+        before = (transport.bytes_sent, transport.bytes_received)
         partner = sys.stdin.readline().strip()
         codec = Codec(args.codec)
         spec = GroupSpec(
@@ -62,7 +65,6 @@ def main() -> None:
             result_codec=codec,
         )
         flat = torch.randn(args.floats, generator=torch.Generator().manual_seed(len(partner)))
-        before = (transport.bytes_sent, transport.bytes_received)
         late: list[int] = []
         exchange = butterfly_average(
             transport, spec, flat, 1.0, time.monotonic() + 120, on_sent_late=late.append

@@ -118,7 +118,7 @@ def _check_llama(cfg: ModelConfig) -> None:
     require(cfg.ffn_hidden >= 0, f"model.ffn_hidden={cfg.ffn_hidden}: use >= 0 (0 = the 2/3 rule)")
 
 
-DataFormat = Literal["auto", "text", "jsonl", "tokens"]
+DataFormat = Literal["auto", "text", "jsonl", "parquet", "datasets", "tokens"]
 TokenDtype = Literal["uint16", "uint32"]
 
 
@@ -128,33 +128,41 @@ class DataConfig:
 
     corpus: str = "shakespeare"
     """'shakespeare' (bundled plays) or a path: a text file or a directory of .txt files, a .jsonl
-    file or a directory of them, a .bin file of token ids, or a directory holding nanoGPT's
-    train.bin and val.bin (see `format`)."""
+    file or a directory of them, a .parquet file or a directory of them, a directory that a Hugging
+    Face `datasets` save_to_disk wrote, a .bin file of token ids, or a directory holding nanoGPT's
+    train.bin and val.bin (see `format`). No format is read whole into memory."""
     val_fraction: float = 0.1
-    """Share held out for validation, never trained on: whole documents (plays, files, JSONL
-    lines), or the tail of a single text or .bin file. A directory's val.bin is its validation
-    split whatever this says."""
+    """Share held out for validation, never trained on: whole documents (plays, files, JSONL lines,
+    Parquet or `datasets` rows, chosen by a hash of where they lie, the same on every peer), or the
+    tail of a single text or .bin file. A directory's val.bin, or a DatasetDict's "validation" (or
+    "test") split, is its validation split whatever this says."""
     batch_size: int = 16
     """Sequences per micro-batch."""
     val_batches: int = 8
     """Micro-batches per validation-loss estimate (fixed, so estimates are comparable)."""
     format: DataFormat = "auto"
-    """How `corpus` is read: "text" (UTF-8, byte-level tokens), "jsonl" (one JSON object per line,
-    each line a document, its text in `text_field`; byte-level tokens), "tokens" (token ids already
-    tokenized, a flat array of `token_dtype` as nanoGPT writes it; memory-mapped, never read whole),
-    or "auto": .jsonl is jsonl, .bin is tokens, anything else text; a directory is tokens if it holds
-    train.bin, jsonl if it holds .jsonl files and no .txt, else text."""
+    """How `corpus` is read: "text" (UTF-8), "jsonl" (one JSON object per line, each line a
+    document, its text in `text_field`), "parquet" (each row a document, its text in the column
+    `text_field`; read a record batch at a time), "datasets" (a `datasets` directory, loaded with
+    load_from_disk offline, each row a document: a Dataset, or a DatasetDict's "train" split), or
+    "tokens" (token ids already tokenized, a flat array of `token_dtype` as nanoGPT writes it;
+    memory-mapped). All but "tokens" and a single text file are written once, as byte-level ids or
+    `tokenizer`'s, into memory-mapped files in the token cache ($P2P_TRAINER_CACHE, default
+    ~/.cache/p2p-trainer/tokens). "auto": .jsonl is jsonl, .parquet parquet, .bin tokens, anything
+    else text; a directory is tokens if it holds train.bin, datasets if it holds state.json or
+    dataset_dict.json, else text if it holds .txt files, else jsonl or parquet by its files."""
     text_field: str = "text"
-    """jsonl: the key holding each line's text; a line without it is an error naming the line."""
+    """jsonl: the key holding each line's text; parquet and datasets: the string column holding
+    each row's text. A line or table without it, or a null row, is an error naming it."""
     token_dtype: TokenDtype = "uint16"
     """tokens: the ids' type in the .bin file: uint16 (nanoGPT's, vocabularies up to 65536) or
     uint32. Every id must be below model.vocab_size."""
     tokenizer: str = ""
     """"" for byte-level tokens, or the path of a Hugging Face `tokenizers` tokenizer.json
     (`p2p-trainer tokenizer train` writes one); model.vocab_size must then equal its vocabulary.
-    Text and JSONL corpora are tokenized with it once, into memory-mapped files in the token cache
-    ($P2P_TRAINER_CACHE, default ~/.cache/p2p-trainer/tokens); a "tokens" corpus is read as it is,
-    the tokenizer then only turns ids back into text (`p2p-trainer sample`)."""
+    Text, JSONL and table corpora are tokenized with it once, into the token cache; a "tokens"
+    corpus is read as it is, the tokenizer then only turns ids back into text (`p2p-trainer
+    sample`)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "data")

@@ -30,14 +30,19 @@ def tokenizer() -> None:
     "fmt",
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", "text", "jsonl"]),
+    type=click.Choice(["auto", "text", "jsonl", "parquet", "datasets"]),
     help="How the corpus is read (as data.format).",
 )
-@click.option("--text-field", default="text", show_default=True, help="jsonl: the key holding the text.")
+@click.option(
+    "--text-field",
+    default="text",
+    show_default=True,
+    help="jsonl, parquet, datasets: the field holding the text.",
+)
 def train(corpus: str, vocab_size: int, out: str, fmt: str, text_field: str) -> None:
     """Train a byte-level BPE tokenizer on a corpus, offline, and save it as a tokenizer.json."""
     from p2p_trainer.train.corpus_readers import DataError, resolve_format
-    from p2p_trainer.train.token_cache import corpus_texts
+    from p2p_trainer.train.corpus_splits import corpus_texts
     from p2p_trainer.train.tokenizer import train_bpe
 
     try:

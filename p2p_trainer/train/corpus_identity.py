@@ -25,6 +25,7 @@ from p2p_trainer.train.corpus_readers import (
     resolve_format,
     shakespeare_files,
 )
+from p2p_trainer.train.table_readers import dataset_files
 
 CACHE_ENV = "P2P_TRAINER_CACHE"
 """Overrides the cache directory (file hashes, tokenized corpora); default ~/.cache/p2p-trainer."""
@@ -96,8 +97,10 @@ def data_files(cfg: DataConfig) -> list[tuple[str, Path]]:
         files = [root / name for name in NANOGPT_SPLITS if (root / name).is_file()]
     elif fmt == "text":
         files = corpus_files(cfg)
+    elif fmt == "datasets" and root.is_dir():
+        files = dataset_files(cfg)
     else:
-        files = files_with(cfg, ".jsonl" if fmt == "jsonl" else ".bin")
+        files = files_with(cfg, {"jsonl": ".jsonl", "parquet": ".parquet"}.get(fmt, ".bin"))
     return [(p.relative_to(root).as_posix() if root.is_dir() else "", p) for p in files]
 
 

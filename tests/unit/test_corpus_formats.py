@@ -18,6 +18,11 @@ from p2p_trainer.train.data import DataError, TokenStream, check_corpus, load_co
 SEQ = 16
 
 
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("P2P_TRAINER_CACHE", str(tmp_path / "cache"))  # JSONL and text dirs are cached
+
+
 def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
     path.write_text("".join(json.dumps({"id": i, field: t}) + "\n" for i, t in enumerate(texts)))
     return path

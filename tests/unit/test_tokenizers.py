@@ -1,4 +1,4 @@
-"""Tokenizers: a byte-level BPE trained offline round-trips text; text and JSONL corpora are
+"""Tokenizers: a byte-level BPE trained offline round-trips text; text, JSONL and Parquet corpora are
 tokenized with it into memory-mapped cache files and split exactly as the byte reader splits them;
 a tokenizer file that does not parse, or whose vocabulary is not model.vocab_size, is refused with
 a message naming the setting, before any peer starts."""
@@ -10,6 +10,8 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from tokenizers import Tokenizer as HFTokenizer
@@ -78,22 +80,26 @@ def test_a_trained_bpe_parses_and_round_trips_any_text(bpe: Path) -> None:
     assert len(tokenizer.encode_batch([seen])[0]) < len(seen.encode()) / 2  # it learned merges
 
 
-@pytest.mark.parametrize("kind", ["text", "jsonl"])
+@pytest.mark.parametrize("kind", ["text", "jsonl", "parquet"])
 def test_a_corpus_is_tokenized_once_and_split_as_the_byte_reader_splits_it(
     tmp_path: Path, corpus: Path, bpe: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
+    lines = generated_text(7, lines=60).splitlines()
     if kind == "jsonl":
-        lines = generated_text(7, lines=60).splitlines()
         corpus = tmp_path / "c.jsonl"
         corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
+    elif kind == "parquet":
+        corpus = tmp_path / "c.parquet"
+        pq.write_table(pa.table({"text": lines}), corpus, row_group_size=7)
     by_bytes = load_corpus(DataConfig(corpus=str(corpus)), SEQ)
+    byte_files = set((cache / "tokens").glob("*.bin"))  # byte-level ids are cached too
     tokenized = check_corpus(run_with(DataConfig(corpus=str(corpus), tokenizer=str(bpe))))
     tokenizer = load_tokenizer(DataConfig(tokenizer=str(bpe)))
     for ids, text in ((tokenized.train, by_bytes.train), (tokenized.val, by_bytes.val)):
         assert isinstance(ids, np.memmap) and ids.dtype == np.uint16
         assert tokenizer.decode(ids.tolist()) == text.tobytes().decode()
     assert tokenized.val_names == by_bytes.val_names
-    assert len(list((cache / "tokens").glob("*.bin"))) == 2
+    assert len(set((cache / "tokens").glob("*.bin")) - byte_files) == 2
 
     def no_tokenizing(*args: object) -> None:
         raise AssertionError("an unchanged corpus was tokenized again")

@@ -19,6 +19,7 @@ from p2p_trainer.algo.work import WorkQuota
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
+from p2p_trainer.train.compiled import compile_forward
 from p2p_trainer.train.data import Corpus
 from p2p_trainer.train.host_state import HostMirror, OuterMemory, offloads
 from p2p_trainer.train.workload import Workload, language_model, to_device
@@ -87,6 +88,8 @@ class Peer:
             workload = language_model(cfg, corpus, peer_key)
         self.workload = workload
         self.model = workload.model.to(self.device)
+        # the inner steps' forward; `model` stays the module itself, whose names checkpoints keep
+        self.forward_model = compile_forward(self.model, self.device) if cfg.inner.compile else self.model
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.params: list[torch.Tensor] = [p for _, p in named]
         inner = cfg.inner
@@ -194,7 +197,7 @@ class Peer:
         for _ in range(accum):
             batch = to_device(self.stream.next_batch(), self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=inner.bf16):
-                loss = self.workload.loss_fn(self.model, batch) / accum
+                loss = self.workload.loss_fn(self.forward_model, batch) / accum
             loss.backward()
             total += loss.detach()
             self.tokens += tokens

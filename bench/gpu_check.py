@@ -10,13 +10,17 @@ autocast, fused AdamW, the same batch and sequence length):
 - one peer: `p2p_trainer.train.trainer.Peer` with the in-process backend and method
   `independent`, the same steps: what the trainer itself costs;
 - two peers exchanging: two `Peer`s on the same device in one process (threads), DiLoCo with
-  H = 20 over the in-process backend (Δ averaged, Nesterov step, anchors on the host):
-  utilisation = their tokens/s together against bare's.
+  H = 20 over the in-process backend (Δ averaged, Nesterov step): utilisation = their tokens/s
+  together against bare's. Once with the outer state offloaded (`outer.offload = "auto"`: φ, m
+  and θ's pinned staging copy on the host), once with it on the GPU (`"off"`), so the two lines
+  show what offload saves in GPU memory and costs in host memory and tokens/s.
 
 Each line gives tokens/s, MFU (6 · parameters · tokens/s over the device's peak bf16 rate,
-`--peak-tflops`, 989 for an H200), the ratio to bare, and the peak GPU memory; the host's peak
-RSS is printed at the end. `--smoke` runs tiny models on the CPU in a few seconds, to check the
-script itself where no GPU is lent.
+`--peak-tflops`, 989 for an H200), the ratio to bare, the peak GPU memory, the peak host RSS
+during the arm, and for the peer arms the bytes of outer state per peer and where they live; the
+process's peak RSS is printed at the end. `--smoke` runs tiny models on the CPU in a few
+seconds, to check the script itself where no GPU is lent (there both peer arms keep the state
+on the host, the CPU's only memory).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.peak_rss import PeakRss
 from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.train.data import load_corpus
@@ -90,8 +95,9 @@ def bare(cfg: RunConfig, device: str, steps: int, warmup: int) -> float:
     return steps * b * t / (time.perf_counter() - t0)
 
 
-def peers(cfg: RunConfig, device: str, n: int, rounds: int) -> float:
-    """Tokens/s of `n` trainer peers together on one device (the first round is warm-up)."""
+def peers(cfg: RunConfig, device: str, n: int, rounds: int) -> tuple[float, dict[str, Any]]:
+    """Tokens/s of `n` trainer peers together on one device (the first round is warm-up), and
+    one peer's outer state: its bytes and where it lives."""
     corpus = load_corpus(cfg.data, cfg.model.seq_len, cfg.model.vocab_size)
     swarm = InProcessSwarm(n, cfg.seed)
     ps = [Peer(cfg, swarm.exchange(i), corpus, f"peer{i}", device=device) for i in range(n)]
@@ -115,7 +121,9 @@ def peers(cfg: RunConfig, device: str, n: int, rounds: int) -> float:
         th.join()
     _sync(device)
     (t0, tok0) = marks[0]
-    return (sum(p.tokens for p in ps) - tok0) / (time.perf_counter() - t0)
+    tps = (sum(p.tokens for p in ps) - tok0) / (time.perf_counter() - t0)
+    memory = ps[0].outer_memory()
+    return tps, {"outer_state_bytes": memory.total, "outer_state_on": memory.where}
 
 
 def _sync(device: str) -> None:
@@ -152,13 +160,24 @@ def main(argv: list[str] | None = None) -> int:
             corpus = _tokens_file(Path(tmp), model.vocab_size, 4_000_000 if not args.smoke else 200_000)
             params = build_model(model, 0).num_params()
             base = _config(model, corpus, batch, device == "cuda", "independent")
-            streaming = dataclasses.replace(base, outer=OuterConfig.for_method("diloco", num_inner_steps=20))
-            results = {
-                "bare": bare(base, device, steps, warmup=3),
-                "one peer": peers(base, device, 1, args.rounds),
-                "two peers, diloco": peers(streaming, device, 2, args.rounds),
-            }
-            for arm, tps in results.items():
+            diloco = OuterConfig.for_method("diloco", num_inner_steps=20)
+            offloaded = dataclasses.replace(base, outer=diloco)
+            on_gpu = dataclasses.replace(base, outer=dataclasses.replace(diloco, offload="off"))
+            arms = [  # (arm, config, peers; 0: the bare loop)
+                ("bare", base, 0),
+                ("one peer", base, 1),
+                ("two peers, diloco", offloaded, 2),
+                ("two peers, diloco, state on GPU", on_gpu, 2),
+            ]
+            results: dict[str, float] = {}
+            for arm, cfg, n in arms:
+                extra: dict[str, Any] = {}
+                with PeakRss() as rss:
+                    if n == 0:
+                        tps = bare(cfg, device, steps, warmup=3)
+                    else:
+                        tps, extra = peers(cfg, device, n, args.rounds)
+                results[arm] = tps
                 row = {
                     "model": name,
                     "params_M": round(params / 1e6, 1),
@@ -167,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     "mfu": round(6 * params * tps / (args.peak_tflops * 1e12), 4),
                     "ratio_to_bare": round(tps / results["bare"], 3),
                     "peak_gpu_gib": _peak_gpu_gib(device),
+                    "peak_host_rss_gib": rss.peak_gib,
+                    **extra,
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -13,6 +13,7 @@ from p2p_trainer.config.security import SecurityConfig
 
 Method = Literal["factored", "noloco", "diloco", "data-parallel", "independent"]
 METHODS: tuple[str, ...] = choices(Method)
+Offload = Literal["auto", "on", "off"]
 
 
 # Reference hyperparameters per method (docs/algorithms.md §1–§3): each method names every field
@@ -105,6 +106,12 @@ class OuterConfig:
     vanish, so every update sees the same amount of data as in a failure-free run. 0 disables it:
     each peer then does num_inner_steps × inner.grad_accum micro-batches whatever the swarm's size.
     Set it to peers × num_inner_steps × grad_accum × batch_size × seq_len for the planned swarm."""
+    offload: Offload = "auto"
+    """Where φ, m and θ's copy for the outer step live when the model is on an accelerator: "on"
+    keeps them in fp32 in host memory (θ staged through pinned memory, copied without blocking), so
+    the GPU holds only the model and AdamW's state and a background exchange of φ never waits on
+    it; "off" keeps them on the device; "auto" is "on" with a CUDA device. On the CPU all three
+    are the same (train/host_state.py)."""
 
     def __post_init__(self) -> None:
         # the method first: it decides the defaults the other fields are checked with

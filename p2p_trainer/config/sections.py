@@ -214,6 +214,10 @@ class InnerConfig:
     """Micro-batches per inner step."""
     bf16: bool = False
     """bf16 autocast for forward/backward (use on GPU)."""
+    compile: bool = False
+    """Compile the model's forward with torch.compile (inductor): faster steps after a compile of
+    seconds to minutes at start. Needs a C++ compiler on the CPU, triton on a CUDA device; the
+    weights saved and exchanged are the original module's."""
     eval_every: int = 50
     """Validation loss every this many inner steps; 0 = only at the end."""
 

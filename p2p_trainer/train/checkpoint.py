@@ -109,8 +109,9 @@ def load_checkpoint(peer: Peer, path: str | Path) -> str:
                     "exp_avg_sq": tensors[f"adam.exp_avg_sq.{i}"].to(p.device),
                 }
     n = len(peer.params)
-    peer.state.anchor = [tensors[f"phi.{i}"].to(peer.device) for i in range(n)]
-    peer.state.momentum = [tensors[f"m.{i}"].to(peer.device) for i in range(n)]
+    where = peer.mirror.state_device  # the host, with offload
+    peer.state.anchor = [tensors[f"phi.{i}"].to(where) for i in range(n)]
+    peer.state.momentum = [tensors[f"m.{i}"].to(where) for i in range(n)]
     peer.state.round, peer.step, peer.tokens = meta["round"], meta["step"], meta["tokens"]
     peer.skip_steps, peer.work_done = meta.get("skip_steps", 0), meta.get("work_done", 0)
     peer.tokens_since_merge, peer.stream.position = meta["tokens_since_merge"], meta["data_position"]

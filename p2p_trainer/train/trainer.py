@@ -19,7 +19,9 @@ from p2p_trainer.algo.work import WorkQuota
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
+from p2p_trainer.train.compiled import compile_forward
 from p2p_trainer.train.data import Corpus
+from p2p_trainer.train.host_state import HostMirror, OuterMemory, offloads
 from p2p_trainer.train.workload import Workload, language_model, to_device
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ class Peer:
             workload = language_model(cfg, corpus, peer_key)
         self.workload = workload
         self.model = workload.model.to(self.device)
+        # the inner steps' forward; `model` stays the module itself, whose names checkpoints keep
+        self.forward_model = compile_forward(self.model, self.device) if cfg.inner.compile else self.model
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.params: list[torch.Tensor] = [p for _, p in named]
         inner = cfg.inner
@@ -109,7 +113,8 @@ class Peer:
         round_tokens = float(max(full, cfg.outer.target_tokens_per_round))
         names = [n for n, _ in named]
         self.method = build_method(cfg.outer, exchange, self.timing, cfg.exchange, round_tokens, names)
-        self.state = OuterState.from_params(self.params)
+        self.mirror = HostMirror(self.params, offloads(cfg.outer.offload, self.device))
+        self.state = OuterState.from_params(self.mirror.pull())
         self.step = 0
         self.skip_steps = 0
         """Inner steps the next round leaves out: a peer that adopted a donor's state mid-round
@@ -157,7 +162,9 @@ class Peer:
                 self.faults.reached("inner", self.state.round)
             losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
         compute_s = time.monotonic() - t_round - report.blocked_s
-        self.method.end_round(self.params, self.state, self._merge_weight(), report)  # exchange + outer step
+        fast = self.mirror.pull()  # θ where φ lives: on the host with offload
+        self.method.end_round(fast, self.state, self._merge_weight(), report)  # exchange + outer step
+        self.mirror.push()
         self.anchor_tokens, self.tokens_since_merge = self.tokens_since_merge, 0
         m = RoundMetrics(
             round=self.state.round - 1,
@@ -190,7 +197,7 @@ class Peer:
         for _ in range(accum):
             batch = to_device(self.stream.next_batch(), self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=inner.bf16):
-                loss = self.workload.loss_fn(self.model, batch) / accum
+                loss = self.workload.loss_fn(self.forward_model, batch) / accum
             loss.backward()
             total += loss.detach()
             self.tokens += tokens
@@ -207,6 +214,10 @@ class Peer:
         return total
 
     # --------------------------------------------------------------------------- helpers
+    def outer_memory(self) -> OuterMemory:
+        """What the outer state adds to the model's own memory (φ, m, θ's staging copy), and where."""
+        return self.mirror.memory(self.state)
+
     def _merge_weight(self) -> float:
         """§5: this round's tokens, the work behind its Δ and θ (at least one, so a fresh peer counts)."""
         return float(max(1, self.tokens_since_merge))
@@ -253,6 +264,9 @@ def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:
     h = peer.cfg.outer.num_inner_steps
     if not 0 <= skip_steps < h:
         raise ValueError(f"skip_steps={skip_steps}: must be in [0, {h})")
+    where = peer.mirror.state_device  # a downloaded state arrives on the CPU
+    state.anchor = [a.to(where, torch.float32) for a in state.anchor]
+    state.momentum = [m.to(where, torch.float32) for m in state.momentum]
     peer.state = state
     with torch.no_grad():
         for p, a in zip(peer.params, state.anchor, strict=True):

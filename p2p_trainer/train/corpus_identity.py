@@ -19,6 +19,7 @@ from pathlib import Path
 from p2p_trainer.config import DataConfig
 from p2p_trainer.train.atomic_files import atomic_write_text
 from p2p_trainer.train.corpus_readers import (
+    FORMAT_SUFFIX,
     NANOGPT_SPLITS,
     corpus_files,
     files_with,
@@ -100,7 +101,7 @@ def data_files(cfg: DataConfig) -> list[tuple[str, Path]]:
     elif fmt == "datasets" and root.is_dir():
         files = dataset_files(cfg)
     else:
-        files = files_with(cfg, {"jsonl": ".jsonl", "parquet": ".parquet"}.get(fmt, ".bin"))
+        files = files_with(cfg, FORMAT_SUFFIX.get(fmt, ".bin"))
     return [(p.relative_to(root).as_posix() if root.is_dir() else "", p) for p in files]
 
 

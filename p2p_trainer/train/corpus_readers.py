@@ -29,6 +29,8 @@ NANOGPT_SPLITS = ("train.bin", "val.bin")
 DATASET_MARKERS = ("dataset_dict.json", "state.json")
 """What `Dataset.save_to_disk` (state.json) or `DatasetDict.save_to_disk` writes at the top."""
 SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet", ".bin": "tokens"}
+FORMAT_SUFFIX = {fmt: suffix for suffix, fmt in SUFFIXES.items()}
+"""A file format's suffix: what `files_with` looks for in a corpus directory."""
 
 Doc = tuple[str, float, str, str]
 """One document of a JSONL or table corpus: (key, hash of the key in [0, 1), shown name, text). The

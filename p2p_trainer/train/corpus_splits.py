@@ -18,6 +18,7 @@ import numpy as np
 
 from p2p_trainer.config import DataConfig
 from p2p_trainer.train.corpus_readers import (
+    FORMAT_SUFFIX,
     DataError,
     Doc,
     corpus_files,
@@ -109,16 +110,20 @@ def documents_fill(cfg: DataConfig, docs: Docs, unit: str) -> Fill:
     return fill
 
 
-def jsonl_splits(cfg: DataConfig, tokenizer: Tokenizer) -> Splits:
-    files = files_with(cfg, ".jsonl")
+def _file_docs(cfg: DataConfig, fmt: str) -> Docs:
+    """A JSONL or Parquet corpus's files, checked, and how to start a pass over their documents."""
+    files = files_with(cfg, FORMAT_SUFFIX[fmt])
     require_content(cfg, files)
-    return _cached(cfg, "jsonl", tokenizer, documents_fill(cfg, lambda: iter_jsonl(cfg, files), "line"))
+    read = iter_jsonl if fmt == "jsonl" else iter_parquet
+    return lambda: read(cfg, files)
+
+
+def jsonl_splits(cfg: DataConfig, tokenizer: Tokenizer) -> Splits:
+    return _cached(cfg, "jsonl", tokenizer, documents_fill(cfg, _file_docs(cfg, "jsonl"), "line"))
 
 
 def parquet_splits(cfg: DataConfig, tokenizer: Tokenizer) -> Splits:
-    files = files_with(cfg, ".parquet")
-    require_content(cfg, files)
-    return _cached(cfg, "parquet", tokenizer, documents_fill(cfg, lambda: iter_parquet(cfg, files), "row"))
+    return _cached(cfg, "parquet", tokenizer, documents_fill(cfg, _file_docs(cfg, "parquet"), "row"))
 
 
 def _dataset_dir(cfg: DataConfig) -> None:
@@ -163,7 +168,5 @@ def corpus_texts(cfg: DataConfig, fmt: str) -> Iterator[str]:
         splits = [s for s in dataset_splits(cfg) if s is not None]
         docs: Iterator[Doc] = (doc for s in splits for doc in iter_split(cfg, s))
     else:
-        files = files_with(cfg, ".jsonl" if fmt == "jsonl" else ".parquet")
-        require_content(cfg, files)
-        docs = iter_jsonl(cfg, files) if fmt == "jsonl" else iter_parquet(cfg, files)
+        docs = _file_docs(cfg, fmt)()
     yield from (text for _, _, _, text in docs)

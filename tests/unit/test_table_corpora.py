@@ -90,9 +90,8 @@ def test_a_small_parquet_still_holds_out_one_row(tmp_path: Path) -> None:
     assert corpus.val_names == (f"1 row (c.parquet:{rows.index(held)})",)
 
 
-def test_parquet_is_read_a_batch_of_rows_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = texts(100)
-    path = write_parquet(tmp_path / "c.parquet", rows, row_group=30)
+def rows_per_batch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of every column batch the readers decode, in order, as they decode them."""
     seen: list[int] = []
     real = table_readers._rows
 
@@ -101,6 +100,13 @@ def test_parquet_is_read_a_batch_of_rows_at_a_time(tmp_path: Path, monkeypatch: 
         return real(cfg, column, where, first)
 
     monkeypatch.setattr(table_readers, "_rows", spy)
+    return seen
+
+
+def test_parquet_is_read_a_batch_of_rows_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = texts(100)
+    path = write_parquet(tmp_path / "c.parquet", rows, row_group=30)
+    seen = rows_per_batch(monkeypatch)
     monkeypatch.setattr(table_readers, "BATCH_ROWS", 8)
     docs = table_readers.iter_parquet(DataConfig(corpus=str(path)), [path])
     assert next(docs)[3] == rows[0] and seen == [8]  # the first row comes before the rest is read
@@ -158,14 +164,7 @@ def test_a_dataset_dicts_own_validation_split_is_used(tmp_path: Path, val_split:
 
 def test_dataset_batches_are_streamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_dataset(tmp_path / "ds", {"": texts(2500)})
-    seen: list[int] = []
-    real = table_readers._rows
-
-    def spy(cfg: DataConfig, column: Any, where: str, first: int) -> Iterator[tuple[int, str]]:
-        seen.append(len(column))
-        return real(cfg, column, where, first)
-
-    monkeypatch.setattr(table_readers, "_rows", spy)
+    seen = rows_per_batch(monkeypatch)
     load_corpus(DataConfig(corpus=str(path)), SEQ)
     assert len(seen) >= 3 and max(seen) <= 1000 and sum(seen) == 2500  # save_to_disk's batches
 

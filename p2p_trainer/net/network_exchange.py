@@ -86,6 +86,10 @@ class _NetworkPending:
             return self.future.result(timeout=max(0.0, timeout_s))
         except concurrent.futures.TimeoutError:
             return Failed(f"not finished within {timeout_s:.1f} s")
+        except concurrent.futures.CancelledError:
+            # the exchange's task was cancelled (the node is closing): a failed exchange, which the
+            # round survives, not an error that ends the peer
+            return Failed("the exchange was cancelled")
 
 
 class NetworkExchange:

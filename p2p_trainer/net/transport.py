@@ -142,11 +142,18 @@ class Mailbox:
         self._evict()
 
     async def get(self, key: str, timeout_s: float) -> Message | None:
+        """The message for `key` once it is here; None when `timeout_s` passes first or the entry
+        is dropped while waiting (evicted, or discarded by its exchange): nothing will come then."""
         fut = self._future(key)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
         except asyncio.TimeoutError:
             return None
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if fut.cancelled() and (me is None or me.cancelling() == 0):
+                return None  # only the entry went: the reader itself was not cancelled
+            raise
 
     def senders_under(self, prefix: str, exclude_prefix: str) -> set[str]:
         """Senders of messages whose key starts with `prefix` but not `exclude_prefix`.

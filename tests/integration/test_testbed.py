@@ -160,6 +160,24 @@ def test_cpu_quota_caps_a_busy_loop(testbed_factory: TestbedFactory) -> None:
     assert measure_cpu_share(tb, "peer", seconds=1.5).cores <= 0.12
 
 
+@pytest.mark.timeout(120)
+def test_stall_stops_a_parent_caught_starting_a_child(testbed_factory: TestbedFactory) -> None:
+    # a parent that starts children all the time is often inside vfork, where it cannot stop until
+    # the child has exec'd: a SIGSTOP that reaches the child first would leave both stuck
+    tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(1, rate_mbit=None, cpu_cores=0.3)))
+    code = "import subprocess\nwhile True:\n    subprocess.Popen(['/bin/sleep', '0.01']).wait()"
+    parent = tb.run("h0", [sys.executable, "-c", code])
+    time.sleep(1.0)
+    for _ in range(40):
+        stopped = tb.stall(parent.pid)
+        assert _state(parent.pid) == "T"
+        assert all(_state(pid) in ("T", "Z", "") for pid in stopped), {p: _state(p) for p in stopped}
+        tb.resume(parent.pid)
+        assert _state(parent.pid) in "SRD"
+        time.sleep(0.01)
+    tb.kill(parent.pid)
+
+
 @pytest.mark.timeout(30)
 def test_stall_resume_kill_by_pid_include_children(testbed_factory: TestbedFactory) -> None:
     tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(1, rate_mbit=None, cpu_cores=0.3)))

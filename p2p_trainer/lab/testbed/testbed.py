@@ -43,6 +43,10 @@ from p2p_trainer.lab.testbed.netns import HOST_IF, LinkCounters, ShaperParams
 logger = logging.getLogger(__name__)
 
 _instance_counter = itertools.count()
+STALL_TRIES = 3
+"""SIGSTOP rounds `stall` makes before it gives up (see there for why one may not be enough)."""
+STALL_RETRY_S = 0.2
+"""How long stalled processes run between two rounds: time for a vfork child to reach its exec."""
 
 
 class TestbedError(RuntimeError):
@@ -406,12 +410,21 @@ class Testbed:
     def stall(self, pid: int, tree: bool = True) -> set[int]:
         """SIGSTOP the process (and its children, e.g. p2pd, so the peer stops answering too).
 
-        Returns once all of them are stopped.
+        Returns once all of them are stopped. A parent that is starting a child with vfork (as
+        CPython's subprocess does) cannot stop until the child has exec'd, and a child stopped
+        before its exec never gets there: when not all stop, all are let go on briefly and
+        stopped again.
         """
-        targets = self.signal(pid, signal.SIGSTOP, tree)
-        if processes.wait_stopped(targets, True, self.config.kill_grace_s):
-            raise TestbedError(f"pids {sorted(targets)} did not all stop")
-        return targets
+        late: set[int] = set()
+        for _ in range(STALL_TRIES):
+            targets = self.signal(pid, signal.SIGSTOP, tree)
+            late = processes.wait_stopped(targets, True, self.config.kill_grace_s / STALL_TRIES)
+            if not late:
+                return targets
+            processes.signal_pids(targets, signal.SIGCONT)
+            time.sleep(STALL_RETRY_S)
+        states = ", ".join(f"{p} ({processes.state(p) or 'gone'})" for p in sorted(late))
+        raise TestbedError(f"pids did not stop after {STALL_TRIES} tries of SIGSTOP: {states}")
 
     def resume(self, pid: int, tree: bool = True) -> set[int]:
         """SIGCONT what `stall` stopped; returns once all of them run again."""

@@ -78,6 +78,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
     p.add_argument("--analyse-only", action="store_true", help="Re-analyse the runs already in --out.")
     p.add_argument("--loaded", action="store_true", help="Label the results as measured on a loaded machine.")
+    p.add_argument(
+        "--tune-only",
+        action="store_true",
+        help="Run only the tuning seeds of the arms' families; write tuning.json with the picks.",
+    )
     p.add_argument("--calibration", action="store_true", help="Also run the simulator's 2-peer calibration.")
     args = p.parse_args(argv)
     q = args.quick
@@ -232,6 +237,8 @@ def head_to_head(args: argparse.Namespace, meta: dict[str, Any]) -> dict[str, An
     if args.schedule == "anneal":
         meta["pilots"] = bench.pilots(vs, (args.tuning_seeds or args.report_seeds)[0])
     picked, tuning = choose(bench, candidates, fams)
+    if args.tune_only:
+        return {"meta": meta, "picked": picked, "tuning": tuning}
     report = [v for v in vs if not v.family or picked.get(v.family) == v.name]
     runs = bench.seeds(report, args.report_seeds, "report")
     add_exchange_bytes(runs)
@@ -299,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         print(scaling_markdown(sc))
         return 0
     results = head_to_head(args, meta)
+    if args.tune_only:
+        (args.out / "tuning.json").write_text(json.dumps(results, indent=1))
+        print(json.dumps({"picked": results["picked"], "tuning": results["tuning"]}, indent=1))
+        return 0
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     table = headline(results) + "\n" + markdown(results)
     (args.out / "table.md").write_text(table)

@@ -32,6 +32,8 @@ from p2p_trainer.run.launcher import JoinArgs, bootstrap_argv, join_argv, read_i
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
+DEFAULT_METHOD = "default"
+"""Not a method: the arm runs the packaged default.toml as it is, only H and timeout set."""
 BASELINE_PEERS = ("hivemind", "bare")
 """Arms whose peers are the bench's own scripts (bench/wan/<name>_peer.py), not `p2p-trainer join`."""
 
@@ -81,6 +83,11 @@ default: it is ours, failures included."""
 def variant_config(base: RunConfig, v: Variant, h: int, timeout_s: float) -> RunConfig:
     if v.method in BASELINE_PEERS:
         return dataclasses.replace(base, outer=OuterConfig.for_method("independent", num_inner_steps=h))
+    if v.method == DEFAULT_METHOD:
+        outer = dataclasses.replace(base.outer, num_inner_steps=h)
+        return dataclasses.replace(
+            base, outer=outer, exchange=dataclasses.replace(base.exchange, timeout_s=timeout_s)
+        )
     exchange_keys = {f.name for f in dataclasses.fields(ExchangeConfig)}
     knobs = {k: value for k, value in v.outer.items() if k not in exchange_keys}
     rules = {k: value for k, value in v.outer.items() if k in exchange_keys}

@@ -73,5 +73,5 @@ def test_the_installed_copy_trains_a_local_swarm_from_elsewhere(installed: Path,
     _run([*argv, "--run-dir", str(run)], tmp_path, 420)
     assert (run / "config.toml").read_text() == to_toml(load_config(rounds=2))
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["method"] == "factored" and summary["interrupted"] is False
+    assert summary["method"] == "diloco" and summary["interrupted"] is False
     assert [p["rounds"] for p in summary["per_peer"]] == [2, 2]

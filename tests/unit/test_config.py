@@ -103,7 +103,10 @@ def test_rounds_and_seed_flags_override_the_file() -> None:
 
 def test_the_packaged_default_is_the_default_run() -> None:
     cfg = load_config()
-    assert (cfg.rounds, cfg.outer.num_inner_steps, cfg.outer.method) == (15, 20, "factored")
+    assert (cfg.rounds, cfg.outer.num_inner_steps, cfg.outer.method) == (15, 20, "diloco")
+    # the shipped exchange: the whole group, int8 pseudo-gradients, 16-bit models
+    ex = cfg.exchange
+    assert (ex.quorum_fraction, ex.update_codec, ex.wire_dtype) == (1.0, "int8", "float16")
     assert resolve_config(None) == cfg == config_from_dict(tomllib.loads(default_config_text()))
     assert not (ROOT / "peers" / "default.toml").exists(), "one default config, not two that can drift"
 

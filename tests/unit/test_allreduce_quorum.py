@@ -123,7 +123,7 @@ def test_contributions_after_the_window_are_timed_for_the_next_one() -> None:
     late_seen: dict[str, list[float]] = {}
     asyncio.run(_run(3, set(), quorum=2, delays={"peer2": 1.0}, late_seen=late_seen))
     for name in ("peer0", "peer1"):  # left peer2 out after 0.3 s, then saw it come at ~1.0 s
-        assert len(late_seen[name]) == 1 and 1.0 <= late_seen[name][0] < 1.3, late_seen
+        assert len(late_seen[name]) == 1 and 1.0 <= late_seen[name][0] < 1.6, late_seen
     assert late_seen.get("peer2", []) == []  # it was the late one: nothing came after its window
 
 

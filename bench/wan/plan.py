@@ -1,11 +1,10 @@
 """The head-to-head's arms and their schedules.
 
 Fixed arms: the bare torch loop, independent training, data-parallel, DiLoCo (whole model, and
-Streaming DiLoCo with two fragments), NoLoCo and the shipped default (factored gossip as
-`default.toml` sets it). Two
-families of alternatives, one member of each picked on the tuning seeds: our factored method
-(Mix1 only, or Mix1 + Mix2 every K rounds) and hivemind.Optimizer (averaging in the background,
-its default, or blocking in `step`). Every arm of ours sends `wire_dtype` on the wire, and
+Streaming DiLoCo with two fragments), NoLoCo and the shipped default (`default.toml` as it is).
+Three families of alternatives, one member of each picked on the tuning seeds: our factored
+method (Mix1 only, or Mix1 + Mix2 every K rounds), hivemind.Optimizer (averaging in the
+background, its default, or blocking in `step`) and the candidates for the shipped default. Every arm of ours sends `wire_dtype` on the wire, and
 hivemind sends float16 (`Float16Compression`).
 
 Schedules, the same shape for every arm: `constant` (warm-up, then the peak rate to the end) or

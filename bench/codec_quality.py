@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.quality_sweep import variant_config
 from bench.wan.budget import fmt_spread
-from p2p_trainer.config import RunConfig, load_config
+from p2p_trainer.config import ExchangeConfig, RunConfig, load_config
 from p2p_trainer.run.threads import run_inprocess
 from p2p_trainer.train.checkpoint import atomic_write_text
 
@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / "runs.json"
     runs: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     done = {(r["arm"], r["seed"], r["steps"]) for r in runs}
-    base = load_config()
+    # the default model and data; float32 everywhere unless an arm's codec says otherwise
+    base = dataclasses.replace(load_config(), exchange=ExchangeConfig())
     for seed in args.seeds:
         for arm in ["float32", *[a for a in args.arms if a != "float32"]]:
             if (arm, seed, args.steps) in done:

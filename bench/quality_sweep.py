@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.wan.budget import fmt_spread, fraction_of_ideal
-from p2p_trainer.config import OuterConfig, RunConfig, load_config
+from p2p_trainer.config import ExchangeConfig, OuterConfig, RunConfig, load_config
 from p2p_trainer.run.threads import run_inprocess
 from p2p_trainer.train.checkpoint import atomic_write_text
 
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / "runs.json"
     runs: list[dict[str, Any]] = json.loads(path.read_text()) if path.exists() else []
     done = {(r["variant"], r["seed"], r["steps"], r["peers"]) for r in runs}
-    base = load_config()
+    # the default model and data, but the plain exchange: each variant states its own rules
+    base = dataclasses.replace(load_config(), exchange=ExchangeConfig())
     base = variant_config(base, "independent", 50, base.seed, args.batch_size, args.seq_len)
     for seed in args.seeds:
         for name in names:

@@ -143,7 +143,7 @@ class Bench:
             if self.args.analyse_only
             else run_swarm(v, cfg, spec, run_dir)
         )
-        value_bytes = 2 if v.method == "hivemind" or cfg.exchange.wire_dtype == "float16" else 4
+        value_bytes = 2.0 if v.method == "hivemind" else update_value_bytes(cfg)
         stats = run_stats(
             run_dir, run, spec.peers, spec.rate_mbit, spec.budget_s, self.ev.num_params, value_bytes
         )
@@ -207,6 +207,21 @@ class Bench:
         return out
 
 
+def update_value_bytes(cfg: RunConfig) -> float:
+    """Bytes per value of the run's exchanges of updates (the blockwise codecs' float32 scales
+    included), which the byte statistics' theory counts."""
+    codec = cfg.exchange.update_codec or cfg.exchange.wire_dtype
+    per_scale = 4.0 / cfg.exchange.codec_block
+    sizes = {
+        "float32": 4.0,
+        "float16": 2.0,
+        "bfloat16": 2.0,
+        "int8": 1.0 + per_scale,
+        "int4": 0.5 + per_scale,
+    }
+    return sizes.get(codec, 4.0)
+
+
 def choose(
     bench: Bench, candidates: list[Variant], fams: dict[str, list[str]]
 ) -> tuple[dict[str, str], list[Any]]:
@@ -230,8 +245,11 @@ def head_to_head(args: argparse.Namespace, meta: dict[str, Any]) -> dict[str, An
     )
     bench = Bench(args, spec)
     wanted = args.arms or (QUICK_ARMS if args.quick else None)
-    vs = [v for v in arms(args.inner_steps, args.mix2_every, args.wire_dtype, not args.no_align_rounds)
-          if wanted is None or v.name in wanted]  # fmt: skip
+    every = arms(args.inner_steps, args.mix2_every, args.wire_dtype, not args.no_align_rounds)
+    unknown = sorted(set(wanted or ()) - {v.name for v in every})
+    if unknown:
+        raise SystemExit(f"unknown --arms {unknown}; the arms are: {', '.join(v.name for v in every)}")
+    vs = [v for v in every if wanted is None or v.name in wanted]
     fams = families(vs)
     candidates = [v for v in vs if v.family]
     if args.schedule == "anneal":

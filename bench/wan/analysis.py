@@ -52,12 +52,12 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def pair_bytes(group: int, num_params: int, value_bytes: int = 4) -> float:
+def pair_bytes(group: int, num_params: int, value_bytes: float = 4.0) -> float:
     """Bytes one member sends (and receives) in a butterfly average over `group` (float32: 4 bytes)."""
     return 2 * (group - 1) / group * value_bytes * num_params if group > 1 else 0.0
 
 
-def bound_s(group: int, num_params: int, rate_mbit: float, value_bytes: int = 4) -> float:
+def bound_s(group: int, num_params: int, rate_mbit: float, value_bytes: float = 4.0) -> float:
     """The physical bound of one member's exchange: its butterfly bytes / link rate."""
     return pair_bytes(group, num_params, value_bytes) * 8 / (rate_mbit * 1e6)
 
@@ -102,7 +102,7 @@ def _peer_stats(
     peers: int,
     rate_mbit: float,
     num_params: int,
-    value_bytes: int = 4,
+    value_bytes: float = 4.0,
 ) -> tuple[dict[str, Any], list[float], dict[str, list[float]]]:
     """Timing from the rounds that ended within the budget (a peer that outlived the others' budget
     waits out an exchange timeout: not a round of the method); bytes theory from every round."""
@@ -158,7 +158,7 @@ def group_transfer_ratios(
     window_s: float,
     rate_mbit: float,
     num_params: int,
-    value_bytes: int = 4,
+    value_bytes: float = 4.0,
 ) -> dict[str, list[float]]:
     """Per tag, each complete group exchange's time from its last member's start to its last
     member's result, over bytes / link rate.
@@ -195,7 +195,7 @@ def run_stats(
     rate_mbit: float,
     budget_s: float,
     num_params: int,
-    value_bytes: int = 4,
+    value_bytes: float = 4.0,
 ) -> dict[str, Any]:
     """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus."""
     per_peer: list[dict[str, Any]] = []

@@ -92,7 +92,9 @@ def variant_config(base: RunConfig, v: Variant, h: int, timeout_s: float) -> Run
     knobs = {k: value for k, value in v.outer.items() if k not in exchange_keys}
     rules = {k: value for k, value in v.outer.items() if k in exchange_keys}
     outer = OuterConfig.for_method(v.method, **{"num_inner_steps": h, **knobs})
-    exchange = dataclasses.replace(base.exchange, **{"timeout_s": timeout_s, **rules})
+    # every other arm states its own exchange rules on top of the plain ones, not the shipped
+    # default's: "diloco" is DiLoCo as its users run it, whatever default.toml chooses
+    exchange = dataclasses.replace(ExchangeConfig(), **{"timeout_s": timeout_s, **rules})
     return dataclasses.replace(base, outer=outer, exchange=exchange)
 
 

@@ -103,7 +103,7 @@ def targets(summary: dict[str, dict[str, Any]], per_seed: list[dict[str, Any]]) 
     if best is not None:
         ub = u(best)
         add(
-            f"best factored ({best}) utilisation (tokens/s ÷ bare loop) >= 0.9",
+            f"{best} utilisation (tokens/s ÷ bare loop) >= 0.9",
             ub,
             0.9,
             None if ub is None else ub >= 0.9,

@@ -63,7 +63,7 @@ def test_environment_values_take_each_fields_type() -> None:
     env = {
         "P2PT_INNER__BETAS": "[0.8, 0.9]",
         "P2PT_INNER__BF16": "true",
-        "P2PT_EXCHANGE__WIRE_DTYPE": "float16",  # strings as written, no TOML quotes
+        "P2PT_EXCHANGE__WIRE_DTYPE": "bfloat16",  # strings as written, no TOML quotes
         "P2PT_DATA__CORPUS": "data/my corpus",
         "p2pt_network__view_period_s": "1",  # not the prefix: ignored
         "P2PT_exchange__timeout_s": "12",  # any case after the prefix
@@ -74,7 +74,7 @@ def test_environment_values_take_each_fields_type() -> None:
     }
     cfg = effective_config(None, environ=env).config
     assert cfg.inner.betas == (0.8, 0.9) and cfg.inner.bf16 is True
-    assert cfg.exchange.wire_dtype == "float16" and cfg.exchange.timeout_s == 12.0
+    assert cfg.exchange.wire_dtype == "bfloat16" and cfg.exchange.timeout_s == 12.0
     assert cfg.data.corpus == "data/my corpus" and cfg.security.allow == (PEER,)
     assert cfg.network.view_period_s == 2.0 and cfg.outer.gamma is None
     assert env_var(("data", "batch_size")) == "P2PT_DATA__BATCH_SIZE" and env_var(("", "seed")) == "P2PT_SEED"

@@ -45,6 +45,7 @@ from bench.wan.summary import headline, summarise
 from bench.wan.tables import markdown, plots
 from bench.wan.targets import sanity, targets
 from p2p_trainer.config import RunConfig, load_config
+from p2p_trainer.exchange.codecs import from_config
 from p2p_trainer.lab.testbed import support_problem
 from p2p_trainer.train.model import build_model
 
@@ -208,18 +209,11 @@ class Bench:
 
 
 def update_value_bytes(cfg: RunConfig) -> float:
-    """Bytes per value of the run's exchanges of updates (the blockwise codecs' float32 scales
-    included), which the byte statistics' theory counts."""
-    codec = cfg.exchange.update_codec or cfg.exchange.wire_dtype
-    per_scale = 4.0 / cfg.exchange.codec_block
-    sizes = {
-        "float32": 4.0,
-        "float16": 2.0,
-        "bfloat16": 2.0,
-        "int8": 1.0 + per_scale,
-        "int4": 0.5 + per_scale,
-    }
-    return sizes.get(codec, 4.0)
+    """Bytes per value of the run's exchanges of updates, which the byte statistics' theory counts:
+    the codec's own payload size (blockwise scales included) over a whole number of blocks."""
+    codec, _ = from_config(cfg.exchange, update=True)
+    n = codec.block * 1024
+    return codec.payload_bytes(n) / n
 
 
 def choose(

@@ -4,8 +4,9 @@ Fixed arms: the bare torch loop, independent training, data-parallel, DiLoCo (wh
 Streaming DiLoCo with two fragments), NoLoCo and the shipped default (`default.toml` as it is).
 Three families of alternatives, one member of each picked on the tuning seeds: our factored
 method (Mix1 only, or Mix1 + Mix2 every K rounds), hivemind.Optimizer (averaging in the
-background, its default, or blocking in `step`) and the candidates for the shipped default. Every arm of ours sends `wire_dtype` on the wire, and
-hivemind sends float16 (`Float16Compression`).
+background, its default, or blocking in `step`) and the candidates for the shipped default.
+Every arm of ours but `default` sends `wire_dtype` on the wire, and hivemind sends float16
+(`Float16Compression`).
 
 Schedules, the same shape for every arm: `constant` (warm-up, then the peak rate to the end) or
 `anneal` (warm-up, then cosine to `min_lr_ratio`, ending where that arm's pilot says it will be

@@ -25,8 +25,9 @@ from p2p_trainer.cli_options import (
     node_options,
     run_config_options,
     run_dir_option,
+    tensorboard_dir_option,
 )
-from p2p_trainer.config import ConfigError, to_toml
+from p2p_trainer.config import ConfigError, RunConfig, to_toml
 from p2p_trainer.config_command import config_group, resolve_config
 from p2p_trainer.dashboard.dashboard_command import dashboard, dashboard_port_option
 from p2p_trainer.lab.sim.command import simulate
@@ -80,6 +81,18 @@ def _read_invitation(path: str | None) -> str:
     except InvitationError as exc:
         raise click.BadParameter(f"{path}: {exc}", param_hint="--invitation") from None
     return text
+
+
+def _require_tensorboard(cfg: RunConfig) -> None:
+    """A TensorBoard directory without the tensorboard package is a usage error, before anything starts."""
+    if not cfg.log.tensorboard_dir:
+        return
+    from p2p_trainer.run.tensorboard_scalars import TensorBoardMissing, require_tensorboard
+
+    try:
+        require_tensorboard(cfg.log.tensorboard_dir)
+    except TensorBoardMissing as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _kill_point(text: str | None) -> tuple[FaultPoint, int] | None:
@@ -182,6 +195,7 @@ def _wait_for_initial_peers(
 )
 @metrics_options("this peer")
 @log_format_option
+@tensorboard_dir_option
 def join(
     config: str | None,
     method: str | None,
@@ -213,6 +227,7 @@ def join(
     metrics_port: int | None,
     metrics_host: str,
     log_format: str,
+    tensorboard_dir: str | None,
 ) -> None:
     """Join a swarm as a training peer."""
     if not initial_peers and initial_peers_file is None:
@@ -236,7 +251,10 @@ def join(
     from p2p_trainer.train.data import DataError
 
     use_log_format(log_format)  # after the imports above: hivemind's import sets its own handler
-    cfg = resolve_config(config, method, rounds, seed, use_env=not ignore_env)
+    cfg = resolve_config(
+        config, method, rounds, seed, use_env=not ignore_env, tensorboard_dir=tensorboard_dir
+    )
+    _require_tensorboard(cfg)
     invitation_text, kill_point = _read_invitation(invitation), _kill_point(kill_self_at)
     stop = threading.Event()
     stopped_by = install_stop_handlers(stop)
@@ -314,6 +332,7 @@ def join(
 )
 @metrics_port_base_option
 @dashboard_port_option
+@tensorboard_dir_option
 def local(
     config: str | None,
     method: str | None,
@@ -326,6 +345,7 @@ def local(
     compare_independent: bool,
     metrics_port_base: int | None,
     dashboard_port: int | None,
+    tensorboard_dir: str | None,
 ) -> None:
     """Run a real swarm on this machine: one bootstrap node and N peer processes on loopback."""
     import os
@@ -337,7 +357,8 @@ def local(
     from p2p_trainer.train.checkpoint import atomic_write_text
     from p2p_trainer.train.data import DataError
 
-    cfg = resolve_config(config, method, rounds, seed)
+    cfg = resolve_config(config, method, rounds, seed, tensorboard_dir=tensorboard_dir)
+    _require_tensorboard(cfg)  # before any peer starts, not in each peer's log
     out = Path(run_dir or f"runs/local-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"

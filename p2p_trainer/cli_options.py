@@ -178,3 +178,13 @@ metrics_port_base_option = click.option(
     help="Prometheus metrics on loopback: peer i on this port + i, the bootstrap node on this port + "
     "--peers (off without it).",
 )
+
+
+tensorboard_dir_option = click.option(
+    "--tensorboard-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write TensorBoard scalars (losses, tokens/s, bytes, exchange outcomes and times per round) "
+    "here; `local` gives peer i the subdirectory peer{i}/ ([log] tensorboard_dir; needs the "
+    "tensorboard package).",
+)

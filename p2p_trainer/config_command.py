@@ -31,12 +31,18 @@ def effective(
     rounds: int | None = None,
     seed: int | None = None,
     use_env: bool = True,
+    tensorboard_dir: str | None = None,
 ) -> EffectiveConfig:
     """The config file (or the packaged default), the P2PT_ environment variables on top (unless
     `use_env` is off), the command-line flags on top of those; a bad value is a usage error."""
     try:
         return effective_config(
-            config, environ=os.environ if use_env else None, method=method, rounds=rounds, seed=seed
+            config,
+            environ=os.environ if use_env else None,
+            method=method,
+            rounds=rounds,
+            seed=seed,
+            tensorboard_dir=tensorboard_dir,
         )
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
@@ -48,13 +54,14 @@ def resolve_config(
     rounds: int | None = None,
     seed: int | None = None,
     use_env: bool = True,
+    tensorboard_dir: str | None = None,
 ) -> RunConfig:
     """The run config a command runs (see `effective`).
 
     `--method` changes only the method: the file's other [outer] values stay, and the method's
     reference values fill only what the file leaves unset (`load_config`).
     """
-    return effective(config, method, rounds, seed, use_env).config
+    return effective(config, method, rounds, seed, use_env, tensorboard_dir).config
 
 
 @click.group("config", invoke_without_command=True)

@@ -25,6 +25,9 @@ SCHEMA = 2
 """The schema version every line is written with; bump it whenever a field changes."""
 LEGACY = 0
 """The version of lines that carry no `schema` field (written before records were versioned)."""
+EXCHANGE_OUTCOMES = ("ok", "partial", "alone", "failed")
+"""How an exchange ended (`run/round_lines.exchange_outcome`), from best to worst; heartbeats carry
+one of these too (`net/records.py`), so the words live here, where every layer can read them."""
 
 
 class RoundLogError(ValueError):

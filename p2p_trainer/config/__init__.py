@@ -9,7 +9,8 @@ unknown keys are errors, not silently ignored. The default run ships inside the 
 
 Precedence, highest first (`sources.effective_config`, which also says where each value came from):
 
-1. a flag: `--method` ([outer] method), `--rounds`, `--seed`;
+1. a flag: `--method` ([outer] method), `--rounds`, `--seed`, `--tensorboard-dir` ([log]
+   tensorboard_dir, on `join` and `local`);
 2. the environment: `P2PT_<FIELD>` for the top-level fields (P2PT_SEED, P2PT_ROUNDS) and
    `P2PT_<TABLE>__<FIELD>` for a table's field (P2PT_OUTER__METHOD, P2PT_DATA__BATCH_SIZE): string
    fields as written, others as a TOML value (16, 0.5, true, [0.9, 0.95]); a wrong type or an
@@ -28,6 +29,7 @@ from p2p_trainer.config.sections import (
     DataConfig,
     ExchangeConfig,
     InnerConfig,
+    LogConfig,
     ModelConfig,
     NetworkConfig,
     WireDtype,
@@ -53,6 +55,7 @@ __all__ = [
     "EffectiveConfig",
     "ExchangeConfig",
     "InnerConfig",
+    "LogConfig",
     "Method",
     "ModelConfig",
     "NetworkConfig",

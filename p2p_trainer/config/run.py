@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from p2p_trainer.config.checks import check_fields, choices, require
-from p2p_trainer.config.sections import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, NetworkConfig
+from p2p_trainer.config.sections import (
+    DataConfig,
+    ExchangeConfig,
+    InnerConfig,
+    LogConfig,
+    ModelConfig,
+    NetworkConfig,
+)
 from p2p_trainer.config.security import SecurityConfig
 
 Method = Literal["factored", "noloco", "diloco", "data-parallel", "independent"]
@@ -180,6 +187,8 @@ class RunConfig:
     """[network]: heartbeat and state-download timing."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """[security]: checks on records, messages and contributions from other peers (SECURITY.md)."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """[log]: what a peer writes about itself (TensorBoard scalars); not in the run definition."""
 
     def __post_init__(self) -> None:
         check_fields(self, "")

@@ -1,4 +1,4 @@
-"""The run config's plain sections: model, data, inner optimiser, exchange and network timing."""
+"""The run config's plain sections: model, data, inner optimiser, exchange, network timing and logs."""
 
 from __future__ import annotations
 
@@ -384,3 +384,17 @@ class NetworkConfig:
             self.state_stall_timeout_s <= self.state_download_timeout_s,
             "network.state_stall_timeout_s must not exceed network.state_download_timeout_s",
         )
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """What a peer writes about itself besides metrics.jsonl and its log; not part of the run
+    definition, so peers of one swarm may differ here."""
+
+    tensorboard_dir: str = ""
+    """Write TensorBoard scalars (losses, tokens/s, bytes, exchange outcomes and times per round)
+    into this directory; "" (the default): none. `local` gives each peer a subdirectory (peer0/,
+    ...). Needs the `tensorboard` package (`pip install 'p2p-trainer[tensorboard]'`)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "log")

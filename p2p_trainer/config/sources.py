@@ -201,6 +201,7 @@ def effective_config(
     method: str | None = None,
     rounds: int | None = None,
     seed: int | None = None,
+    tensorboard_dir: str | None = None,
 ) -> EffectiveConfig:
     """The run in TOML file `path` (None: the packaged default run), the config fields set in
     `environ` on top (None: none) and the flags on top of those; with the source of each field."""
@@ -213,6 +214,7 @@ def effective_config(
         ("outer", "method"): (method, "--method"),
         ("", "rounds"): (rounds, "--rounds"),
         ("", "seed"): (seed, "--seed"),
+        ("log", "tensorboard_dir"): (tensorboard_dir, "--tensorboard-dir"),
     }
     for key, (value, name) in env.items():
         _put(raw, key, value)

@@ -13,7 +13,14 @@ import tomllib
 
 from p2p_trainer.config.checks import ConfigError, require
 from p2p_trainer.config.run import OuterConfig, RunConfig
-from p2p_trainer.config.sections import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, NetworkConfig
+from p2p_trainer.config.sections import (
+    DataConfig,
+    ExchangeConfig,
+    InnerConfig,
+    LogConfig,
+    ModelConfig,
+    NetworkConfig,
+)
 from p2p_trainer.config.security import SecurityConfig
 
 SECTIONS: dict[str, type] = {
@@ -24,6 +31,7 @@ SECTIONS: dict[str, type] = {
     "exchange": ExchangeConfig,
     "network": NetworkConfig,
     "security": SecurityConfig,
+    "log": LogConfig,
 }
 """RunConfig's tables, in the order `to_toml` writes them."""
 TOP = ("seed", "rounds")

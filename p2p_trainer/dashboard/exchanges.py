@@ -1,7 +1,7 @@
 """Each peer's exchange outcomes, from the metrics files of a run directory (`--run-dir`).
 
-Heartbeats carry no exchange outcomes, so these come from the peers' own records where the
-dashboard can read them: a `local` run's directory (one `peer*/` folder per peer) or a `join`
+Heartbeats carry only the worst outcome of a peer's last round, so the counts, tags and times
+come from the peers' own records where the dashboard can read them: a `local` run's directory (one `peer*/` folder per peer) or a `join`
 peer's `--run-dir`. Files are followed with `LogTail`, which parses only the lines added since
 the last read, so polling every few seconds costs the peers next to nothing.
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2p_trainer.round_log import LogTail
-from p2p_trainer.run.round_lines import EXCHANGE_OUTCOMES, exchange_outcome
+from p2p_trainer.round_log import EXCHANGE_OUTCOMES, LogTail
+from p2p_trainer.run.round_lines import exchange_outcome
 
 RECENT = 200
 """Exchanges kept for the page's exchange chart and list, newest last."""

@@ -113,6 +113,15 @@ class Reachability:
     def behind_nat(self) -> bool:
         return bool(self.seen_ip) and self.seen_ip not in self.own_ips
 
+    @property
+    def verdict(self) -> str:
+        """One word of `records.REACHABILITY` for the heartbeat, which `status` shows."""
+        if self.dialable is None:
+            return "unchecked"
+        if self.dialable:
+            return "reachable"
+        return "behind-nat" if self.behind_nat else "unreachable"
+
 
 async def _ask(p2p: P2P, checker: str, port: int, timeout_s: float) -> dict[str, object]:
     async def ask() -> dict[str, object]:

@@ -27,6 +27,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from p2p_trainer.net.envelope import READ_DROPS, EnvelopeError, Signer, open_envelope, open_verified
 from p2p_trainer.net.identity import B58_ALPHABET
+from p2p_trainer.round_log import EXCHANGE_OUTCOMES
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +148,30 @@ class Heartbeat:
     groups until they publish a newer heartbeat, so a death spreads in one heartbeat period."""
     invitation: str = ""
     """This peer's invitation to a swarm with `admission = "invitations"` (`admission.py`); "" otherwise."""
+    # What `status` and the dashboard show; nothing in the swarm acts on them. Heartbeats of older
+    # peers lack them and decode with these defaults (0, ""), which the tables show as unknown.
+    step: int = 0
+    """Inner steps the peer has done over the whole run."""
+    round_step: int = 0
+    """Inner steps done in the current round (`round_steps` once it is exchanging)."""
+    round_steps: int = 0
+    """Inner steps per round (`outer.num_inner_steps`); 0: not reported."""
+    bytes_sent: int = 0
+    """Bytes this peer process's exchanges sent so far."""
+    bytes_received: int = 0
+    """Bytes its exchanges received so far."""
+    reachability: str = ""
+    """What its start-up dial-back check found (`REACHABILITY`); "": not reported."""
+    last_exchange: str = ""
+    """The worst outcome of its last round's exchanges (`EXCHANGE_OUTCOMES`); "": none yet."""
 
     def encode(self) -> bytes:
         fields = asdict(self)
         if not self.invitation:  # most swarms are open: their heartbeats carry no invitation field
             del fields["invitation"]
+        for name in PROGRESS_FIELDS:  # every peer reads every heartbeat each period: no zeros sent
+            if not fields[name]:
+                del fields[name]
         return pack(fields)
 
     @staticmethod
@@ -163,7 +183,7 @@ class Heartbeat:
         leaving = fields.get("leaving", False)
         if not isinstance(leaving, bool):
             raise RecordError(f"field 'leaving' has type {type(leaving).__name__}")
-        return Heartbeat(
+        beat = Heartbeat(
             peer_id=_field(fields, "peer_id", str),
             round=_non_negative(fields, "round", int),
             tokens_processed=_non_negative(fields, "tokens_processed", int),
@@ -177,7 +197,56 @@ class Heartbeat:
             else 0.0,
             suspects=_suspects(fields.get("suspects", [])),
             invitation=_invitation(fields.get("invitation", "")),
+            step=_count(fields, "step", MAX_STEPS),
+            round_step=_count(fields, "round_step", MAX_ROUND_STEPS),
+            round_steps=_count(fields, "round_steps", MAX_ROUND_STEPS),
+            bytes_sent=_count(fields, "bytes_sent", MAX_BYTES),
+            bytes_received=_count(fields, "bytes_received", MAX_BYTES),
+            reachability=_word(fields, "reachability", ("", *REACHABILITY)),
+            last_exchange=_word(fields, "last_exchange", ("", *EXCHANGE_OUTCOMES)),
         )
+        if beat.round_steps and beat.round_step > beat.round_steps:
+            raise RecordError(
+                f"field 'round_step' = {beat.round_step} exceeds round_steps = {beat.round_steps}"
+            )
+        return beat
+
+
+PROGRESS_FIELDS = (
+    "step",
+    "round_step",
+    "round_steps",
+    "bytes_sent",
+    "bytes_received",
+    "reachability",
+    "last_exchange",
+)
+"""Heartbeat fields only shown (`status`, the dashboard); left out of a record where 0 or ""."""
+REACHABILITY = ("reachable", "behind-nat", "unreachable", "unchecked")
+"""What a peer's dial-back check at start found (`reach.Reachability.verdict`): dialled; not
+dialled and seen from an address not its own; not dialled otherwise; no checker answered."""
+MAX_STEPS = 1 << 40
+"""Bounds of the counters a heartbeat reports: far above any real run (2^40 inner steps, 2^20
+steps per round, 2^60 bytes), low enough that a table never prints a forged 2^64."""
+MAX_ROUND_STEPS = 1 << 20
+MAX_BYTES = 1 << 60
+
+
+def _count(fields: dict[str, object], name: str, bound: int) -> int:
+    """An optional non-negative int field below `bound` (0 where absent: an older peer's heartbeat)."""
+    value = fields.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
+        raise RecordError(f"field {name!r} = {value!r} is not an int in [0, {bound})")
+    return value
+
+
+def _word(fields: dict[str, object], name: str, vocabulary: tuple[str, ...]) -> str:
+    """An optional field holding one word of `vocabulary` ("" where absent)."""
+    value = fields.get(name, "")
+    if not isinstance(value, str) or value not in vocabulary:
+        shown = repr(value)[:40]  # a forged value may be long: the log line stays short
+        raise RecordError(f"field {name!r} = {shown} is none of {', '.join(map(repr, vocabulary))}")
+    return value
 
 
 MAX_SUSPECTS = 32

@@ -38,6 +38,13 @@ def status_dict(status: SwarmStatus) -> dict[str, Any]:
                 "heartbeat_age_s": round(p.age_s, 3),
                 "in_round_s": None if p.round_s is None else round(p.round_s, 3),
                 "suspects": list(p.heartbeat.suspects),
+                "step": p.heartbeat.step,
+                "round_step": p.heartbeat.round_step,
+                "round_steps": p.heartbeat.round_steps,
+                "bytes_sent": p.heartbeat.bytes_sent,
+                "bytes_received": p.heartbeat.bytes_received,
+                "reachability": p.heartbeat.reachability or None,
+                "last_exchange": p.heartbeat.last_exchange or None,
             }
             for p in status.peers
         ],
@@ -50,17 +57,22 @@ def status_table(status: SwarmStatus) -> Table:
     from rich.table import Table
 
     table = Table(title=f"swarm {status.swarm!r}: {len(status.peers)} live peer(s) (full ids: --json)")
-    for col in ("peer", "round", "in round", "loss", "tokens", "tok/s", "version", "beat", "suspects"):
+    columns = ("peer", "round", "step", "in round", "loss", "tokens", "tok/s", "sent/received")
+    for col in (*columns, "reach", "exchange", "version", "beat", "suspects"):
         table.add_column(col)
     for p in status.peers:
         h = p.heartbeat
         table.add_row(
             h.peer_id[-8:],
             str(h.round),
+            step_text(h.round_step, h.round_steps, h.step),
             "-" if p.round_s is None else f"{p.round_s:.0f} s",
             "-" if h.loss is None else f"{h.loss:.3f}",
             str(h.tokens_processed),
             f"{h.throughput_tokens_per_s:.0f}",
+            f"{byte_text(h.bytes_sent)} / {byte_text(h.bytes_received)}",
+            h.reachability or "-",  # "": a peer of an older version, which does not say
+            h.last_exchange or "-",
             h.software_version,
             f"{p.age_s:.0f} s ago",  # the heartbeat's age
             ", ".join(s[-8:] for s in h.suspects) or "-",
@@ -75,6 +87,21 @@ def status_table(status: SwarmStatus) -> Table:
     return table
 
 
+def step_text(round_step: int, round_steps: int, step: int) -> str:
+    """ "7/20 (147)": inner step 7 of the round's 20, 147 over the run; a peer of an older version
+    reports neither ("-")."""
+    if not round_steps:
+        return str(step) if step else "-"
+    return f"{round_step}/{round_steps} ({step})"
+
+
+def byte_text(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 @click.command("status")
 @swarm_reader_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with --watch: one object per line).")
@@ -87,7 +114,8 @@ def status_table(status: SwarmStatus) -> Table:
     help="Seconds between reads with --watch.",
 )
 def status(initial_peers: tuple[str, ...], swarm: str, as_json: bool, watch: bool, interval_s: float) -> None:
-    """Show a swarm's peers (round, loss, throughput, version) from outside it: read-only, never a peer."""
+    """Show a swarm's peers (round, step, loss, throughput, bytes, reachability, last exchange,
+    version) from outside it: read-only, never a peer."""
     from p2p_trainer.net.addresses import AddressError
     from p2p_trainer.net.dht import DHTCallTimeout, InitialPeersUnreachable
     from p2p_trainer.net.status_client import StatusClient

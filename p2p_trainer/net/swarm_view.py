@@ -56,6 +56,20 @@ class PeerStatus:
     throughput_tokens_per_s: float = 0.0
     round_started: float = 0.0
     """DHT time when this peer began `round` (0: not yet)."""
+    step: int = 0
+    """Inner steps done over the run; this and the fields below are only shown (`status`)."""
+    round_step: int = 0
+    """Inner steps done in the current round."""
+    round_steps: int = 0
+    """Inner steps per round (0: not known yet)."""
+    bytes_sent: int = 0
+    """Bytes sent by this process's exchanges so far."""
+    bytes_received: int = 0
+    """Bytes received by them so far."""
+    reachability: str = ""
+    """What the start-up reachability check found (`records.REACHABILITY`; "": not yet run)."""
+    last_exchange: str = ""
+    """The worst outcome among the last round's exchanges (`round_log.EXCHANGE_OUTCOMES`)."""
 
 
 REPORT_MARGIN_PERIODS = 1.5
@@ -109,6 +123,7 @@ class SwarmView:
         self._left: set[str] = set()
         self._heard: Callable[[float], set[str]] | None = None
         self._suspects: Callable[[], set[str]] = set
+        self._sample: Callable[[PeerStatus], None] | None = None
         self._suspected_at: dict[str, float] = {}
         self._training_since: float | None = None
         """DHT time this peer first suspected each of its current suspects."""
@@ -120,6 +135,13 @@ class SwarmView:
 
     def _beat(self, leaving: bool = False) -> records.Heartbeat:
         st = self.status
+        if self._sample is not None:
+            try:
+                self._sample(st)
+            except Exception:  # a figure that is only shown must not cost the peer its heartbeat
+                logger.exception("sampling this peer's progress for its heartbeat failed")
+        # clamped to what `Heartbeat.decode` accepts, so an odd figure never costs the heartbeat
+        round_steps = min(st.round_steps, records.MAX_ROUND_STEPS - 1)
         return records.Heartbeat(
             peer_id=self.node.peer_id,
             round=st.round,
@@ -132,6 +154,13 @@ class SwarmView:
             round_started=st.round_started,
             suspects=tuple(sorted(self._dead_here(self.heartbeats())))[: records.MAX_SUSPECTS],
             invitation=self.invitation,
+            step=min(st.step, records.MAX_STEPS - 1),
+            round_step=min(st.round_step, round_steps or records.MAX_ROUND_STEPS - 1),
+            round_steps=round_steps,
+            bytes_sent=min(st.bytes_sent, records.MAX_BYTES - 1),
+            bytes_received=min(st.bytes_received, records.MAX_BYTES - 1),
+            reachability=st.reachability,
+            last_exchange=st.last_exchange,
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str]]:
@@ -186,6 +215,11 @@ class SwarmView:
     def share_suspects(self, suspects: Callable[[], set[str]]) -> None:
         """Publish `suspects()` in the heartbeat and leave them out of this view."""
         self._suspects = suspects
+
+    def sample_progress(self, sample: Callable[[PeerStatus], None]) -> None:
+        """Call `sample(status)` before each heartbeat: figures that change within a round (inner
+        steps, bytes) are read where they live, once a period, instead of pushed on every step."""
+        self._sample = sample
 
     def live_peers(self) -> list[str]:
         beats = self.heartbeats()

@@ -33,12 +33,14 @@ from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.serve_limits import ServeLimits
 from p2p_trainer.net.state_sync import StateServer
 from p2p_trainer.net.swarm_entry import join_swarm
-from p2p_trainer.net.swarm_view import SwarmView
+from p2p_trainer.net.swarm_view import PeerStatus, SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
 from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR, agree, final_request, wants_final_agreement
-from p2p_trainer.run.round_lines import ObservedWriter, RecordObserver, log_record
+from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile
+from p2p_trainer.run.round_lines import ObservedWriter, RecordObserver, log_record, round_outcome
+from p2p_trainer.run.tensorboard_scalars import TensorBoardScalars
 from p2p_trainer.train.checkpoint import load_checkpoint, save_checkpoint
 from p2p_trainer.train.data import check_corpus, load_corpus
 from p2p_trainer.train.metrics import MetricsWriter, round_record
@@ -126,6 +128,8 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
 def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     """Run one peer until its rounds are done, `opts.max_minutes` pass or `stop` is set; returns 0."""
     check_corpus(opts.run)  # bad data fails here, before the DHT node starts
+    progress = ProgressFile(opts.run_dir / PROGRESS_FILE)  # `local`'s table reads the phases
+    progress.phase("starting")
     # The swarm name scopes the DHT records; the run definition is then checked against the swarm's,
     # so a peer with a different model/method/data/seed is refused instead of forming its own swarm.
     node = join_swarm(
@@ -140,18 +144,32 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
     )
     with contextlib.ExitStack() as leave:  # closes what the stages opened, in reverse, however they end
         leave.callback(node.shutdown)
+        leave.callback(progress.close)
         rejoining = trained_before(opts.run_dir / "metrics.jsonl")
         observers: list[RecordObserver] = [log_record]
         if opts.monitor is not None:
             observers.append(opts.monitor.observe)
+        if opts.run.log.tensorboard_dir:
+            scalars = TensorBoardScalars(Path(opts.run.log.tensorboard_dir))
+            leave.callback(scalars.close)  # after the metrics writer's close: the last record is in
+            observers.append(scalars.observe)
         metrics = ObservedWriter(opts.run_dir / "metrics.jsonl", observers)
         leave.callback(metrics.close)
         joined = start(opts, node, metrics, leave)
+        progress.phase("waiting-for-peers")
         enter(joined, rejoining)
+        progress.follow(lambda: _progress(joined.peer))
+        progress.phase("training")
         deadline = joined.started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
         train_rounds(joined, lambda: stop.is_set() or time.monotonic() >= deadline)
+        progress.phase("stopping")
         finish(joined, stopped=stop.is_set(), stop_requested=stop.is_set)
+        progress.phase("done")
     return 0
+
+
+def _progress(peer: Peer) -> Progress:
+    return Progress(peer.state.round, peer.round_step, peer.cfg.outer.num_inner_steps, peer.step)
 
 
 @dataclass
@@ -199,7 +217,10 @@ def start(
     net = opts.run.network
     view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation)
     leave.callback(view.close)
-    leave.callback(behind_nat.set_up(opts.relay, node, transport, view.live_peers).close)
+    nat = behind_nat.set_up(opts.relay, node, transport, view.live_peers)
+    leave.callback(nat.close)
+    view.status.reachability = nat.reachability.verdict  # `status` shows what the check found
+    view.status.round_steps = cfg.outer.num_inner_steps
     tokens_per_round = max(
         cfg.outer.num_inner_steps * cfg.inner.grad_accum * workload.tokens_per_batch,
         cfg.outer.target_tokens_per_round,  # §6: a lone survivor may do the whole swarm's share
@@ -237,6 +258,7 @@ def start(
     limits = None
     if cfg.security.defences:
         limits = ServeLimits(cfg.security.state_serves_per_minute, cfg.security.state_serves_concurrent)
+    view.sample_progress(lambda status: _sample_progress(status, peer, transport))
     server = StateServer(transport, run_id, faults, limits)
     if not view.admission.open:  # the view holds only admitted peers' heartbeats (a joiner's too)
         server.admits = lambda sender: any(h.peer_id == sender for h in view.heartbeats())
@@ -245,6 +267,12 @@ def start(
     )
     metrics.write(StartRecord(node.peer_id, time.time(), run_id, cfg.outer.method))
     return joined
+
+
+def _sample_progress(status: PeerStatus, peer: Peer, transport: Transport) -> None:
+    """The heartbeat's live figures (read by the view's thread: plain ints, no lock needed)."""
+    status.step, status.round_step = peer.step, peer.round_step
+    status.bytes_sent, status.bytes_received = transport.bytes_sent, transport.bytes_received
 
 
 def enter(j: Joined, rejoining: bool) -> None:
@@ -339,7 +367,9 @@ def _end_round(j: Joined, m: RoundMetrics) -> None:
     status.tokens_processed = peer.tokens
     status.loss = m.train_loss
     status.throughput_tokens_per_s = j.tokens_per_round / max(1e-9, m.wall_s)
-    j.metrics.write(round_record(j.node.peer_id, m, j.started))
+    record = round_record(j.node.peer_id, m, j.started)
+    status.last_exchange = round_outcome(record.exchanges)
+    j.metrics.write(record)
 
 
 def _save_progress(j: Joined) -> None:

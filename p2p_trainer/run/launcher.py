@@ -116,6 +116,8 @@ class JoinArgs:
     """Its data stream (None: join's default, from its identity)."""
     max_minutes: float | None = None
     """Its wall-time limit (None: it stops after its rounds)."""
+    tensorboard_dir: Path | None = None
+    """Its own TensorBoard directory (None: the config's [log] tensorboard_dir, if any)."""
     extra: tuple[str, ...] = ()
     """More `join` options, after the others (a repeated option overrides the earlier one)."""
 
@@ -132,11 +134,16 @@ def join_argv(args: JoinArgs, initial_peers: str) -> list[str]:
         argv += ["--data-key", args.data_key]
     if args.max_minutes:
         argv += ["--minutes", str(args.max_minutes)]
+    if args.tensorboard_dir is not None:
+        argv += ["--tensorboard-dir", str(args.tensorboard_dir)]
     return [*argv, *args.extra]
 
 
 def peer_args(opts: LocalOptions, i: int, host: str = LOOPBACK, extra: Sequence[str] = ()) -> JoinArgs:
-    """Peer i of a local swarm: identity keys/peer{i}.key, run directory peer{i}/."""
+    """Peer i of a local swarm: identity keys/peer{i}.key, run directory peer{i}/, and with
+    [log] tensorboard_dir set, TensorBoard directory peer{i}/ under it (peers writing one
+    directory would interleave their curves)."""
+    board = opts.run.log.tensorboard_dir
     return JoinArgs(
         config_path=opts.config_path,
         identity=opts.run_dir / "keys" / f"peer{i}.key",
@@ -146,6 +153,7 @@ def peer_args(opts: LocalOptions, i: int, host: str = LOOPBACK, extra: Sequence[
         torch_threads=opts.torch_threads,
         data_key=f"peer{i}",  # the same streams as the in-process reference's peer i
         max_minutes=opts.max_minutes,
+        tensorboard_dir=Path(board).absolute() / f"peer{i}" if board else None,
         extra=tuple(extra),
     )
 

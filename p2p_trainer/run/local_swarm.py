@@ -15,13 +15,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from p2p_trainer.algo.outer import consensus_distance
-from p2p_trainer.config import OuterConfig, RunConfig
+from p2p_trainer.config import LogConfig, OuterConfig, RunConfig
 from p2p_trainer.processes import Child, wait_all
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, RunLog, read_log
 from p2p_trainer.run.consensus import compare_peers, gain, mean_anchor
@@ -33,6 +34,7 @@ from p2p_trainer.run.launcher import (
     check_metrics_ports,
     local_options,
 )
+from p2p_trainer.run.progress_file import PROGRESS_FILE, peer_state, read_progress
 from p2p_trainer.train.checkpoint import atomic_write_text, read_anchor
 from p2p_trainer.train.data import check_corpus
 from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
@@ -40,21 +42,27 @@ from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
 logger = logging.getLogger(__name__)
 
 
-def peer_rows(run_dir: Path, peers: int) -> list[dict[str, Any]]:
+def peer_rows(run_dir: Path, peers: int, exit_codes: Sequence[int | None] = ()) -> list[dict[str, Any]]:
+    """The live table's rows, from each peer's metrics.jsonl and progress.json (`progress_file.py`);
+    `exit_codes[i]`: peer i's exit status, None while it runs (all running where not given)."""
     rows = []
     for i in range(peers):
-        log = read_log(run_dir / f"peer{i}" / "metrics.jsonl")
+        peer_dir = run_dir / f"peer{i}"
+        log = read_log(peer_dir / "metrics.jsonl")
         last, final = (log.rounds[-1] if log.rounds else None), log.final
+        found = read_progress(peer_dir / PROGRESS_FILE)
+        code = exit_codes[i] if i < len(exit_codes) else None
         rows.append(
             {
                 "peer": f"peer{i}",
                 "round": last.round + 1 if last else 0,
-                "step": last.step if last else 0,
+                "step": found[1].step if found and code is None else last.step if last else 0,
                 "loss": last.train_loss if last else None,
                 "val_loss": final.val_loss if final else last.val_loss if last else None,
                 "tokens_per_s": last.tokens / last.time_s if last and last.time_s > 0 else 0.0,
                 "last_exchange": ", ".join(_outcome(e) for e in (last.exchanges if last else ())),
                 "done": final is not None,
+                "state": peer_state(found, final, code),
             }
         )
     return rows
@@ -84,7 +92,7 @@ def render(rows: list[dict[str, Any]]) -> Any:
             loss,
             f"{r['tokens_per_s']:.0f}",
             r["last_exchange"] or "-",
-            "done" if r["done"] else "training",
+            r["state"],
         )
     return table
 
@@ -257,6 +265,9 @@ def independent_options(opts: LocalOptions) -> LocalOptions:
         target_tokens_per_round=opts.run.outer.target_tokens_per_round,
     )
     cfg = dataclasses.replace(opts.run, outer=outer)
+    board = opts.run.log.tensorboard_dir
+    if board:  # beside the swarm's curves, not over them
+        cfg = dataclasses.replace(cfg, log=LogConfig(str(Path(board) / INDEPENDENT_DIR)))
     alone = local_options(
         opts.run_dir / INDEPENDENT_DIR, cfg, opts.peers, opts.torch_threads, opts.max_minutes
     )
@@ -309,7 +320,11 @@ def _watch(opts: LocalOptions, children: list[Child], stop: threading.Event, sho
         return
     from rich.live import Live
 
-    with Live(render(peer_rows(opts.run_dir, opts.peers)), refresh_per_second=1) as live:
+    def rows() -> list[dict[str, Any]]:
+        return peer_rows(opts.run_dir, opts.peers, [c.proc.poll() for c in children])
+
+    with Live(render(rows()), refresh_per_second=1) as live:
         while not stop.is_set() and any(c.alive() for c in children) and time.monotonic() - started < limit_s:
             time.sleep(1.0)
-            live.update(render(peer_rows(opts.run_dir, opts.peers)))
+            live.update(render(rows()))
+        live.update(render(rows()))  # the last word of each peer: done, stopped or failed

@@ -15,6 +15,7 @@ from typing import Any
 
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.round_log import (
+    EXCHANGE_OUTCOMES,
     ExchangeRecord,
     FinalRecord,
     LogRecord,
@@ -46,9 +47,6 @@ class ObservedWriter(MetricsWriter):
                 logger.exception("an observer of the %s records failed", record.KIND)
 
 
-EXCHANGE_OUTCOMES = ("ok", "partial", "alone", "failed")
-
-
 def exchange_outcome(e: ExchangeRecord) -> str:
     """`ok`: merged with its whole group; `partial`: merged, but members or parts were left out
     (late, dead, dropped); `alone`: finished without anyone else's values; `failed`: no result.
@@ -60,6 +58,13 @@ def exchange_outcome(e: ExchangeRecord) -> str:
     if e.own_parts or e.late_parts or e.left_out:
         return "partial"
     return "ok"
+
+
+def round_outcome(exchanges: Sequence[ExchangeRecord]) -> str:
+    """The worst outcome among a round's exchanges ("" for a round without any, e.g. `independent`):
+    one line of a status table has room for one word, and the worst is the one to act on."""
+    outcomes = [exchange_outcome(e) for e in exchanges]
+    return max(outcomes, key=EXCHANGE_OUTCOMES.index, default="")
 
 
 def tokens_per_s(r: RoundRecord) -> float:

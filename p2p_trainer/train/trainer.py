@@ -120,6 +120,8 @@ class Peer:
         """Inner steps the next round leaves out: a peer that adopted a donor's state mid-round
         (late join, rejoin) ends its first round with the donor instead of a part-round later, and
         a peer stopped mid-round (`run_round_until`) has done them already."""
+        self.round_step = 0
+        """Inner steps done in the round in progress (H while it exchanges), for progress reports."""
         self.work_done = 0
         """Micro-batches of this round's work quota (§6) already done by a peer stopped mid-round,
         so that its resumed round does not do them again."""
@@ -153,6 +155,7 @@ class Peer:
         self.work.begin_round(done=self.work_done)
         losses = []
         first, self.skip_steps, self.work_done = self.skip_steps, 0, 0
+        self.round_step = first
         for s in range(first, self.cfg.outer.num_inner_steps):
             if should_stop():
                 self.skip_steps, self.work_done = s, self.work.done
@@ -161,10 +164,12 @@ class Peer:
             if s == self.cfg.outer.num_inner_steps // 2:
                 self.faults.reached("inner", self.state.round)
             losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
+            self.round_step = s + 1
         compute_s = time.monotonic() - t_round - report.blocked_s
         fast = self.mirror.pull()  # θ where φ lives: on the host with offload
         self.method.end_round(fast, self.state, self._merge_weight(), report)  # exchange + outer step
         self.mirror.push()
+        self.round_step = 0  # the round advanced: none of the next round's steps are done
         self.anchor_tokens, self.tokens_since_merge = self.tokens_since_merge, 0
         m = RoundMetrics(
             round=self.state.round - 1,
@@ -272,6 +277,7 @@ def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:
         for p, a in zip(peer.params, state.anchor, strict=True):
             p.copy_(a)
     peer.skip_steps, peer.work_done = skip_steps, 0
+    peer.round_step = skip_steps
     peer.step = state.round * h + skip_steps
     peer.scheduler.last_epoch = peer.step
     factor = peer.lr_schedule(peer.step)

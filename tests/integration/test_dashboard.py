@@ -18,6 +18,8 @@ from PIL import Image
 
 from p2p_trainer.config import to_toml
 from p2p_trainer.net.addresses import EXAMPLE_INITIAL_PEER
+from p2p_trainer.net.records import REACHABILITY
+from p2p_trainer.round_log import EXCHANGE_OUTCOMES
 from p2p_trainer.run.launcher import LOOPBACK, LocalSwarm, local_options
 from tests.conftest import Tracker, tiny_config, wait_until
 
@@ -116,6 +118,15 @@ def test_the_dashboard_shows_a_running_swarm_in_a_browser(tmp_path: Path, tracke
         assert second.points("chart-loss") > 0 and second.points("chart-exchanges") > 0
         rounds = [int(row["data-round"]) for row in second.peer_rows]
         assert max(rounds) >= 1, rounds
+        # each peer's heartbeat progress, in the API and on the page
+        assert wait_until(lambda: all(p["last_exchange"] for p in api(url)["peers"]), 60), api(url)
+        for p in api(url)["peers"]:
+            assert p["round_steps"] == 5 and p["step"] > 0 and p["bytes_sent"] > 0, p
+            assert p["reachability"] in REACHABILITY and p["last_exchange"] in EXCHANGE_OUTCOMES, p
+        third = browser.dom(url)
+        assert all(row["data-reachability"] in REACHABILITY for row in third.peer_rows), third.peer_rows
+        assert all(row["data-last-exchange"] in EXCHANGE_OUTCOMES for row in third.peer_rows)
+        assert all(int(row["data-bytes-sent"]) > 0 and int(row["data-step"]) > 0 for row in third.peer_rows)
 
         shot = tmp_path / "dashboard.png"
         browser.run(url, f"--screenshot={shot}", "--window-size=1200,800")

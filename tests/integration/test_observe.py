@@ -22,8 +22,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2p_trainer.net.addresses import EXAMPLE_INITIAL_PEER
-from p2p_trainer.round_log import read_log
+from p2p_trainer.net.records import REACHABILITY
+from p2p_trainer.round_log import EXCHANGE_OUTCOMES, read_log
 from p2p_trainer.run.launcher import LOOPBACK, LocalSwarm, local_options
+from p2p_trainer.run.local_swarm import peer_rows
 from p2p_trainer.run.peer_metrics import PEER_METRICS
 from tests.conftest import Tracker, rounds_of, tiny_config, wait_until
 
@@ -136,6 +138,14 @@ def test_metrics_status_and_round_lines_of_a_running_swarm(tmp_path: Path, track
         shown = json.loads(out)
         assert sorted(p["peer_id"] for p in shown["peers"]) == sorted(ids), shown
         assert all(p["round"] >= 1 and p["software_version"] for p in shown["peers"]), shown
+        # the heartbeat's progress: inner steps, bytes moved, the reachability check, last exchange
+        for p in shown["peers"]:
+            assert p["round_steps"] == 5 and 0 <= p["round_step"] <= 5 and p["step"] >= 5, p
+            assert p["bytes_sent"] > 0 and p["bytes_received"] > 0, p
+            assert p["reachability"] in REACHABILITY and p["last_exchange"] in EXCHANGE_OUTCOMES, p
+        # and `local`'s table reads each peer's phase from its run directory, mid-round
+        states = [row["state"] for row in peer_rows(tmp_path, 2)]
+        assert all(s.startswith("training ") or s == "exchanging" for s in states), states
         assert wait_until(lambda: not tracked.left(proc), 15), tracked.left(proc)
         assert value(scrape(base), "p2pt_live_peers") == 2
 

@@ -8,6 +8,7 @@ command's `--help`) answers without loading them. A run stopped by SIGINT or SIG
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -93,6 +94,19 @@ def _require_tensorboard(cfg: RunConfig) -> None:
         require_tensorboard(cfg.log.tensorboard_dir)
     except TensorBoardMissing as exc:
         raise click.ClickException(str(exc)) from None
+    directory = Path(cfg.log.tensorboard_dir)
+    try:  # a peer would otherwise fail only after joining, on its first event file
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.ClickException(
+            f"--tensorboard-dir / [log] tensorboard_dir = {str(directory)!r} cannot be created ({exc}): "
+            "name a directory this user can write"
+        ) from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise click.ClickException(
+            f"--tensorboard-dir / [log] tensorboard_dir = {str(directory)!r} is not writable by this user: "
+            "name a directory this user can write"
+        )
 
 
 def _kill_point(text: str | None) -> tuple[FaultPoint, int] | None:

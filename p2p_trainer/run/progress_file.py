@@ -78,9 +78,9 @@ class ProgressFile:
         """Write the phase and progress if either changed; a failed write is logged, never raised:
         the file only informs the table, and training must not stop for it."""
         try:
-            progress = self._sample()
-            state = {"phase": self._phase, **progress.__dict__}
+            # sampled under the lock: a state built before a phase change must not land after it
             with self._lock:  # the thread and a phase change may write at once
+                state = {"phase": self._phase, **self._sample().__dict__}
                 if state == self._written:
                     return
                 atomic_write_text(self.path, json.dumps({**state, "unix_time": time.time()}))
@@ -121,7 +121,8 @@ def peer_state(found: tuple[str, Progress] | None, final: FinalRecord | None, ex
             return "stopped" if final.stopped else "done"
         if exit_code == 0:
             return "done"
-        return "stopped" if exit_code in (130, 143) else "failed"  # 128 + SIGINT, SIGTERM
+        # a shell's 128 + SIGINT / SIGTERM, or Popen's -signal for one that came before the handlers
+        return "stopped" if exit_code in (130, 143, -2, -15) else "failed"
     if found is None:
         return "starting"
     phase, p = found

@@ -15,6 +15,7 @@ ended ok, partial, alone, failed) and `exchange/<tag>/seconds` (each exchange's 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,8 @@ from p2p_trainer.run.round_lines import exchange_outcome, tokens_per_s, utilisat
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
+
+logger = logging.getLogger(__name__)
 
 
 class TensorBoardMissing(RuntimeError):
@@ -80,4 +83,7 @@ class TensorBoardScalars:
         self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        try:  # a run that ended well must not end in a traceback because its last flush failed
+            self._writer.close()
+        except Exception:
+            logger.exception("closing the TensorBoard writer in %s failed", self.directory)

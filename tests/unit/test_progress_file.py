@@ -10,7 +10,7 @@ import pytest
 
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 from p2p_trainer.run.local_swarm import peer_rows, render
-from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile, read_progress
+from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile, peer_state, read_progress
 from p2p_trainer.train.metrics import MetricsWriter
 from tests.conftest import wait_until
 
@@ -115,3 +115,13 @@ def test_a_peer_that_wrote_done_shows_done_before_its_process_exits(tmp_path: Pa
     write_metrics(tmp_path / "peer0", StartRecord(PEER, 1e9), a_round(0), final(stopped=False))
     ProgressFile(tmp_path / "peer0" / PROGRESS_FILE).phase("done")
     assert [r["state"] for r in peer_rows(tmp_path, 2)] == ["done", "starting"]  # no exit codes: running
+
+
+@pytest.mark.parametrize("exit_code", [130, 143, -2, -15])
+def test_a_peer_ended_by_a_stop_signal_shows_stopped(exit_code: int) -> None:
+    assert peer_state(None, None, exit_code) == "stopped"
+
+
+@pytest.mark.parametrize("exit_code", [1, -9, 137])
+def test_a_peer_that_crashed_or_was_killed_shows_failed(exit_code: int) -> None:
+    assert peer_state(None, None, exit_code) == "failed"

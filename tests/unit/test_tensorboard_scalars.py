@@ -88,3 +88,33 @@ def test_local_gives_each_peer_its_own_directory(tmp_path: Path) -> None:
     assert dirs == [str(tmp_path / "tb" / "peer0"), str(tmp_path / "tb" / "peer1")]
     plain = local_options(tmp_path / "plain", RunConfig(), 1)
     assert "--tensorboard-dir" not in join_argv(peer_args(plain, 0), "--initial-peers x")
+
+
+def test_a_directory_that_cannot_be_written_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    import click
+
+    from p2p_trainer.cli import _require_tensorboard
+
+    a_file = tmp_path / "taken"
+    a_file.write_text("not a directory")
+    cfg = RunConfig(log=LogConfig(tensorboard_dir=str(a_file / "tb")))
+    with pytest.raises(
+        click.ClickException, match=r"taken/tb'.*cannot be created.*directory this user can write"
+    ):
+        _require_tensorboard(cfg)
+    fine = RunConfig(log=LogConfig(tensorboard_dir=str(tmp_path / "new" / "tb")))
+    _require_tensorboard(fine)
+    assert (tmp_path / "new" / "tb").is_dir()
+
+
+def test_a_failed_close_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("tensorboard")
+    writer = TensorBoardScalars(tmp_path / "tb")
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    writer._writer.close = broken  # type: ignore[method-assign]
+    writer.close()
+    assert "closing the TensorBoard writer" in caplog.text and "disk full" in caplog.text

@@ -171,7 +171,8 @@ class SwarmView:
         if not self.admission.open:  # a refused peer's claims (rounds included) count for nothing
             beats = [b for b in beats if self.admission.admits(b.peer_id, b.invitation)]
         if self.defences:
-            beats = bound_heartbeats(beats, self.status.round, now, self._bounds, self._replays)
+            st = self.status
+            beats = bound_heartbeats(beats, st.round, now, self._bounds, self._replays, st.round_started)
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
 
     def _refresh(self) -> None:

@@ -7,8 +7,8 @@ hivemind derives from the key), its subkey bytes (the msgpack form hivemind stor
 expiration time and the body, so a record cannot be replayed under another key or subkey, nor
 stored again with a longer expiry.
 
-Binding: the key says whose record it is (`owner`): the subkey of a run's `peers` and
-`definition` keys, the peer id in an identity key. The signer's peer id must be that owner, so
+Binding: the key says whose record it is (`owner`): the subkey of a run's `peers`, `definition`
+and `revocations` keys, the peer id in an identity key. The signer's peer id must be that owner, so
 anyone can write records only for the identities whose keys it holds.
 
 We sign in our own process before `dht.store` (`Signer.seal`) rather than in the validator's
@@ -175,7 +175,7 @@ def owner(key: str, subkey: object) -> str:
     """The peer id that must have signed a record under (`key`, `subkey`); raises for foreign keys."""
     if not key.startswith(KEY_PREFIX + "/"):
         raise EnvelopeError("foreign-key", f"key {key[:40]!r} is not one of ours")
-    if isinstance(subkey, str) and key.rsplit("/", 1)[-1] in ("peers", "definition"):
+    if isinstance(subkey, str) and key.rsplit("/", 1)[-1] in ("peers", "definition", "revocations"):
         return subkey
     identity_prefix = f"{KEY_PREFIX}/identity/"
     if subkey is None and key.startswith(identity_prefix):

@@ -23,7 +23,8 @@ the whole TTL. A live peer named by mistake is back in view with its next heartb
 still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
 
 Only heartbeats signed by their own peer count (`envelope.py`), in a closed swarm only those of
-admitted peers (`admission.py`), and with the security defences on the view believes them only
+admitted peers (`admission.py`; every `REVOCATION_EVERY` refreshes the view also republishes the
+revocations it holds and learns those the others publish, `revocation.py`), and with the security defences on the view believes them only
 within bounds relative to its own state (`view_bounds.py`): every consumer of `heartbeats()`
 (groups, alignment, donor choice, rejoin) sees the bounded list.
 """
@@ -38,8 +39,8 @@ from dataclasses import dataclass
 
 from p2p_trainer import __version__
 from p2p_trainer.config import NetworkConfig, SecurityConfig
-from p2p_trainer.net import records
-from p2p_trainer.net.admission import Admission
+from p2p_trainer.net import records, revocation
+from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
 
@@ -71,6 +72,10 @@ class PeerStatus:
     last_exchange: str = ""
     """The worst outcome among the last round's exchanges (`round_log.EXCHANGE_OUTCOMES`)."""
 
+
+REVOCATION_EVERY = 5
+"""Refreshes between two reads (and republications) of the swarm's revocations: they are rare,
+so one DHT read and store every few periods carries them to every peer within a minute or so."""
 
 REPORT_MARGIN_PERIODS = 1.5
 """How many heartbeat periods a suspect report must postdate the suspect's newest heartbeat."""
@@ -127,6 +132,9 @@ class SwarmView:
         self._suspected_at: dict[str, float] = {}
         self._training_since: float | None = None
         """DHT time this peer first suspected each of its current suspects."""
+        self._refreshes = 0
+        self.refused_self: str | None = None
+        """Why this swarm now refuses this very peer (an owner revoked it), or None."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
@@ -177,6 +185,9 @@ class SwarmView:
 
     def _refresh(self) -> None:
         try:
+            if self.admission.mode == "invitations" and self._refreshes % REVOCATION_EVERY == 0:
+                self._share_revocations()
+            self._refreshes += 1
             records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s, self.node.signer)
             peers, left = self._read()
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
@@ -188,6 +199,19 @@ class SwarmView:
         self._known |= others
         if not others and self._known:
             self._reconnect()
+
+    def _share_revocations(self) -> None:
+        """Learn the revocations the swarm published, republish those held, and note if one
+        names this peer (its heartbeats are then dropped by every peer that holds it)."""
+        learn_published(self.admission, self.node, self.run_name)
+        held = self.admission.revocations()
+        if held:
+            ttl_s = max(self.ttl_s, 3 * REVOCATION_EVERY * self.period_s)
+            revocation.publish(self.node, self.run_name, held, ttl_s, self.node.signer)
+        why = self.admission.refusal(self.node.peer_id, self.invitation)
+        if why is not None and "revoked" in why and self.refused_self is None:
+            logger.error("this swarm now refuses this peer: %s", why)
+            self.refused_self = why
 
     def _reconnect(self) -> None:
         targets = sorted(self._known | set(self.node.bootstrap_ids()))

@@ -24,7 +24,7 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.net import behind_nat, records
-from p2p_trainer.net.admission import Admission, check_self
+from p2p_trainer.net.admission import Admission, InvitationError, check_entry
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig, NetNode
 from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
@@ -138,9 +138,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         run_definition=opts.run.run_definition(),
         stop=stop,
         definition_ttl_s=opts.run.network.run_definition_ttl_s,
-        check_self=lambda peer_id: check_self(
-            Admission(opts.run.security, opts.swarm), peer_id, opts.invitation
-        ),
+        check_self=lambda node: check_entry(Admission(opts.run.security, opts.swarm), node, opts.invitation),
     )
     with contextlib.ExitStack() as leave:  # closes what the stages opened, in reverse, however they end
         leave.callback(node.shutdown)
@@ -330,6 +328,8 @@ def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetr
     robust = cfg.security.defences  # one peer's claimed round start is not enough (align.py)
     aligner = RoundAligner(j.node.peer_id, cfg.outer.num_inner_steps, robust=robust) if aligned else None
     while peer.state.round < cfg.rounds and not should_stop():
+        if j.view.refused_self is not None:  # no peer takes its messages any more: training alone is moot
+            raise InvitationError(f"this swarm now refuses peer {j.node.peer_id}: {j.view.refused_self}")
         regain.before_round()
         _begin_round(j, aligner)
         m = peer.run_round_until(should_stop)

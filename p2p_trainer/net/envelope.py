@@ -29,7 +29,7 @@ import multiprocessing
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgpack
@@ -259,6 +259,31 @@ class DropCounter:
         with self._counts.get_lock():
             values: Sequence[int] = self._counts[:]
         return {reason: int(n) for reason, n in zip(REASONS, values, strict=True) if n}
+
+
+class DropTally:
+    """What several drop counters counted since the last `take`: the round's share of them."""
+
+    def __init__(self, sources: dict[str, Callable[[], dict[str, int]]]) -> None:
+        self._sources = sources
+        self._last: dict[tuple[str, str], int] = {}
+        self.take()
+
+    def take(self) -> list[tuple[str, str, int]]:
+        """(source, reason, count) for each reason counted since the previous call."""
+        grown = []
+        for source, counts in self._sources.items():
+            try:
+                found = counts()
+            except Exception as exc:  # a metrics line must not fail while the DHT process shuts down
+                logger.debug("drop counts of %s unavailable: %s", source, exc)
+                continue
+            for reason, total in sorted(found.items()):
+                before = self._last.get((source, reason), 0)
+                self._last[(source, reason)] = total
+                if total > before:
+                    grown.append((source, reason, total - before))
+        return grown
 
 
 READ_DROPS = DropCounter("records read by this peer")

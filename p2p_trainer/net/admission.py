@@ -158,6 +158,12 @@ class Admission:
                 self._revoked.setdefault(rev.peer_id, (text.strip(), rev.owner))
         return refused
 
+    def revoked_by(self, peer_id: str) -> str | None:
+        """The owner that revoked `peer_id` in this swarm, or None."""
+        with self._lock:
+            found = self._revoked.get(peer_id)
+        return None if found is None else found[1]
+
     def revocations(self) -> list[str]:
         """The texts of the revocations this peer holds (what it republishes)."""
         with self._lock:
@@ -173,10 +179,9 @@ class Admission:
             return None
         if self.mode == "allow-list":
             return None if peer_id in self.allow else "its peer id is not on the swarm's allow-list"
-        with self._lock:
-            revoked = self._revoked.get(peer_id)
-        if revoked is not None:
-            return f"its invitation was revoked by owner {revoked[1][-8:]}"
+        owner = self.revoked_by(peer_id)
+        if owner is not None:
+            return f"its invitation was revoked by owner {owner[-8:]}"
         now = time.time() if now is None else now
         with self._lock:
             cached = self._checked.get((peer_id, invitation))
@@ -237,7 +242,7 @@ def check_self(admission: Admission, peer_id: str, invitation: str) -> None:
         return
     if admission.mode == "allow-list":
         fix = "ask the swarm's operators to add it to security.allow in the swarm's config"
-    elif "revoked" in why:
+    elif admission.revoked_by(peer_id) is not None:
         fix = "an owner withdrew it (security.revoked or the swarm's DHT); only they can lift that"
     else:
         fix = "ask a swarm owner for an invitation (`p2p-trainer invite`) and pass it with --invitation"

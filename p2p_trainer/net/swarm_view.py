@@ -208,10 +208,9 @@ class SwarmView:
         if held:
             ttl_s = max(self.ttl_s, 3 * REVOCATION_EVERY * self.period_s)
             revocation.publish(self.node, self.run_name, held, ttl_s, self.node.signer)
-        why = self.admission.refusal(self.node.peer_id, self.invitation)
-        if why is not None and "revoked" in why and self.refused_self is None:
-            logger.error("this swarm now refuses this peer: %s", why)
-            self.refused_self = why
+        if self.refused_self is None and self.admission.revoked_by(self.node.peer_id) is not None:
+            self.refused_self = self.admission.refusal(self.node.peer_id, self.invitation)
+            logger.error("this swarm now refuses this peer: %s", self.refused_self)
 
     def _reconnect(self) -> None:
         targets = sorted(self._known | set(self.node.bootstrap_ids()))

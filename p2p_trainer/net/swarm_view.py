@@ -24,9 +24,10 @@ still joining (round 0 in their heartbeat, once this one has trained a while) ar
 
 Only heartbeats signed by their own peer count (`envelope.py`), in a closed swarm only those of
 admitted peers (`admission.py`; every `REVOCATION_EVERY` refreshes the view also republishes the
-revocations it holds and learns those the others publish, `revocation.py`), and with the security defences on the view believes them only
-within bounds relative to its own state (`view_bounds.py`): every consumer of `heartbeats()`
-(groups, alignment, donor choice, rejoin) sees the bounded list.
+revocations it holds and learns those the others publish, `revocation.py`), and with the
+security defences on the view believes them only within bounds relative to its own state
+(`view_bounds.py`): every consumer of `heartbeats()` (groups, alignment, donor choice, rejoin)
+sees the bounded list.
 """
 
 from __future__ import annotations
@@ -184,10 +185,13 @@ class SwarmView:
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
 
     def _refresh(self) -> None:
-        try:
-            if self.admission.mode == "invitations" and self._refreshes % REVOCATION_EVERY == 0:
+        if self.admission.mode == "invitations" and self._refreshes % REVOCATION_EVERY == 0:
+            try:
                 self._share_revocations()
-            self._refreshes += 1
+            except (records.RecordError, TimeoutError, RuntimeError) as exc:  # the heartbeat still goes out
+                logger.warning("sharing the swarm's revocations failed: %s", exc)
+        self._refreshes += 1
+        try:
             records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s, self.node.signer)
             peers, left = self._read()
         except (records.RecordError, TimeoutError, RuntimeError) as exc:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from p2p_trainer.config import OuterConfig, RunConfig
-from p2p_trainer.net.admission import Admission, check_self
+from p2p_trainer.net.admission import Admission, check_entry
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.swarm_entry import enter_run
 from p2p_trainer.round_log import FinalRecord
@@ -223,7 +223,7 @@ class Swarm:
             self.run_name,
             cfg.run_definition(),
             cfg.network.run_definition_ttl_s,
-            lambda peer_id: check_self(admission, peer_id, self._invitation),
+            lambda node: check_entry(admission, node, self._invitation),
         )
         self._wired = True
         metrics = ObservedWriter(self.run_dir / "metrics.jsonl", [log_record])

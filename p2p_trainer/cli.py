@@ -33,7 +33,7 @@ from p2p_trainer.config_command import config_group, resolve_config
 from p2p_trainer.dashboard.dashboard_command import dashboard, dashboard_port_option
 from p2p_trainer.lab.sim.command import simulate
 from p2p_trainer.logs import setup_logging, use_log_format
-from p2p_trainer.net.admission_commands import identity, invite
+from p2p_trainer.net.admission_commands import identity, invite, revoke
 from p2p_trainer.net.bootstrap_command import bootstrap
 from p2p_trainer.net.node_defaults import DEFAULT_PEER_IDENTITY
 from p2p_trainer.net.signals import install_stop_handlers
@@ -57,6 +57,7 @@ def main(log_level: str) -> None:
 
 main.add_command(bootstrap)
 main.add_command(invite)
+main.add_command(revoke)
 main.add_command(identity)
 main.add_command(simulate)
 main.add_command(status)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
 
-SCHEMA = 2
+SCHEMA = 3
 """The schema version every line is written with; bump it whenever a field changes."""
 LEGACY = 0
 """The version of lines that carry no `schema` field (written before records were versioned)."""
@@ -184,6 +184,18 @@ class ExchangeRecord(_Record):
 
 
 @dataclass(frozen=True)
+class DropCount(_Record):
+    """DHT records a peer refused during one round, for one reason (`net/envelope.py` REASONS)."""
+
+    source: str
+    """`read`: dropped by this process when it read them (the swarm view); `stored`: by its DHT
+    node's validator, when others stored them there or returned them."""
+    reason: str
+    """Why: `not-admitted`, `bad-signature`, `implausible`, `replay`, ..."""
+    count: int
+
+
+@dataclass(frozen=True)
 class _Line(_Record):
     """A whole metrics line: a record plus its `kind` and `schema`."""
 
@@ -250,6 +262,9 @@ class RoundRecord(_Line):
     bytes_sent: int = 0
     bytes_received: int = 0
     exchanges: tuple[ExchangeRecord, ...] = ()
+    dropped: tuple[DropCount, ...] = ()
+    """Records refused during the round, by source and reason (only those with a count; from
+    schema 3, empty before)."""
 
 
 @dataclass(frozen=True)

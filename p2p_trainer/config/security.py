@@ -14,6 +14,8 @@ from p2p_trainer.config.checks import check_fields, require
 
 RobustMean = Literal["mean", "trimmed", "centred-clip"]
 AdmissionMode = Literal["open", "allow-list", "invitations"]
+MAX_REVOKED = 1024
+"""Revocations a peer holds at most (from its config and the DHT together)."""
 _B58 = set("123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz")
 
 
@@ -93,6 +95,11 @@ class SecurityConfig:
     """Peer ids admitted with `admission = "allow-list"`."""
     owners: tuple[str, ...] = ()
     """Peer ids of the owner keys whose invitations admit a peer with `admission = "invitations"`."""
+    revoked: tuple[str, ...] = ()
+    """Revocations from `p2p-trainer revoke`, as the text it prints: a peer an owner revoked is
+    refused whatever invitation it carries. Not part of the run definition, so operators add one
+    to their peers' configs without splitting the swarm (the peers also pass it on through the
+    DHT); one that does not verify against `owners` and this swarm is ignored with a warning."""
 
     def __post_init__(self) -> None:
         check_fields(self, "security")
@@ -141,6 +148,15 @@ class SecurityConfig:
         )
         _peer_ids("security.allow", self.allow)
         _peer_ids("security.owners", self.owners)
+        require(
+            len(self.revoked) <= MAX_REVOKED,
+            f"security.revoked lists {len(self.revoked)} revocations: at most {MAX_REVOKED}",
+        )
+        for i, text in enumerate(self.revoked):
+            require(
+                isinstance(text, str) and 0 < len(text.strip()) <= 400,
+                f"security.revoked[{i}]: expected the text `p2p-trainer revoke` prints (at most 400 characters)",
+            )
         require(
             self.admission != "allow-list" or bool(self.allow),
             'security.admission="allow-list" admits nobody: list the peer ids in security.allow',

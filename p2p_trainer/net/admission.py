@@ -16,7 +16,9 @@ transport takes messages only from the live view); the state server refuses it t
 would be refused learns it before it starts (`check_self`), with what to change.
 
 An invitation is bound to one peer id, and heartbeats are signed by their peer's key, so a copied
-invitation admits nobody else. It is not secret; what it admits is listed, not guessed.
+invitation admits nobody else. It is not secret; what it admits is listed, not guessed. An owner
+withdraws one before it expires with a revocation (`revocation.py`): the peer is then refused
+like an uninvited one.
 """
 
 from __future__ import annotations
@@ -25,16 +27,19 @@ import base64
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgpack
 import nacl.exceptions
 import nacl.signing
 
-from p2p_trainer.config.security import SecurityConfig
+from p2p_trainer.config.security import MAX_REVOKED, SecurityConfig
+from p2p_trainer.net import revocation
 from p2p_trainer.net.envelope import READ_DROPS
 from p2p_trainer.net.identity import peer_id_from_public_key
-from p2p_trainer.net.records import MAX_INVITATION_CHARS
+from p2p_trainer.net.records import MAX_INVITATION_CHARS, DHTLike
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +129,45 @@ class Admission:
         self._checked: dict[tuple[str, str], tuple[str | None, float]] = {}
         self._reported: set[str] = set()
         self._lock = threading.Lock()
+        self._revoked: dict[str, tuple[str, str]] = {}
+        """Revoked peer id -> (the revocation's text, its owner), for revocations that verified."""
+        self._seen: set[str] = set()
+        """Revocation texts already checked, valid or not: each costs one signature check."""
+        for text, why in self.learn(cfg.revoked).items():
+            logger.warning("ignoring security.revoked entry %s...: %s", text[:16], why)
+
+    def learn(self, texts: Iterable[str]) -> dict[str, str]:
+        """Hold the revocations among `texts` that an owner of this swarm signed (at most
+        `MAX_REVOKED`); returns the new ones that do not verify, with why."""
+        if self.mode != "invitations":
+            return {}
+        refused = {}
+        for text in texts:
+            with self._lock:
+                if text in self._seen or len(self._revoked) >= MAX_REVOKED:
+                    continue
+                if len(self._seen) >= 4 * MAX_REVOKED:  # a flood of junk only costs checks again
+                    self._seen.clear()
+                self._seen.add(text)
+            try:
+                rev = revocation.check(text, self.owners, self.swarm)
+            except revocation.RevocationError as exc:
+                refused[text] = str(exc)
+                continue
+            with self._lock:
+                self._revoked.setdefault(rev.peer_id, (text.strip(), rev.owner))
+        return refused
+
+    def revoked_by(self, peer_id: str) -> str | None:
+        """The owner that revoked `peer_id` in this swarm, or None."""
+        with self._lock:
+            found = self._revoked.get(peer_id)
+        return None if found is None else found[1]
+
+    def revocations(self) -> list[str]:
+        """The texts of the revocations this peer holds (what it republishes)."""
+        with self._lock:
+            return sorted(text for text, _ in self._revoked.values())
 
     @property
     def open(self) -> bool:
@@ -135,6 +179,9 @@ class Admission:
             return None
         if self.mode == "allow-list":
             return None if peer_id in self.allow else "its peer id is not on the swarm's allow-list"
+        owner = self.revoked_by(peer_id)
+        if owner is not None:
+            return f"its invitation was revoked by owner {owner[-8:]}"
         now = time.time() if now is None else now
         with self._lock:
             cached = self._checked.get((peer_id, invitation))
@@ -179,6 +226,15 @@ class Admission:
         return False
 
 
+def learn_published(admission: Admission, dht: DHTLike, swarm: str) -> None:
+    """Have `admission` hold the valid revocations published for `swarm` in the DHT; published
+    ones that do not verify are counted and logged (rate-limited) as forged."""
+    if admission.mode != "invitations":
+        return
+    for text, why in admission.learn(revocation.read(dht, swarm)).items():
+        READ_DROPS.count("wrong-owner", f"ignoring a published revocation {text[:16]}...: {why}")
+
+
 def check_self(admission: Admission, peer_id: str, invitation: str) -> None:
     """Raise `InvitationError`, saying what to change, if this swarm would not admit this peer."""
     why = admission.refusal(peer_id, invitation)
@@ -186,6 +242,29 @@ def check_self(admission: Admission, peer_id: str, invitation: str) -> None:
         return
     if admission.mode == "allow-list":
         fix = "ask the swarm's operators to add it to security.allow in the swarm's config"
+    elif admission.revoked_by(peer_id) is not None:
+        fix = "an owner withdrew it (security.revoked or the swarm's DHT); only they can lift that"
     else:
         fix = "ask a swarm owner for an invitation (`p2p-trainer invite`) and pass it with --invitation"
     raise InvitationError(f"this swarm would refuse peer {peer_id}: {why}; {fix}")
+
+
+class _Node(Protocol):
+    """The part of a running node `check_entry` uses."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    def get(self, key: Any, latest: bool = False) -> Any: ...
+
+    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> Any: ...
+
+
+def check_entry(admission: Admission, node: _Node, invitation: str) -> None:
+    """`check_self` for a node that has just started, after learning the revocations its swarm
+    published: a revoked joiner learns it even if its own config does not list the revocation."""
+    try:
+        learn_published(admission, node, admission.swarm)
+    except (TimeoutError, RuntimeError) as exc:  # the DHT's own errors: the config's list still holds
+        logger.warning("could not read the swarm's revocations: %s", exc)
+    check_self(admission, node.peer_id, invitation)

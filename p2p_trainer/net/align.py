@@ -11,9 +11,16 @@ inner step, it leaves out that many inner steps (at most H − 1) so its next ro
 starts with theirs. Nobody waits, so compute stays busy; the late peer's contribution is worth
 fewer tokens and token weighting (§5) counts it so.
 
-A round start is a claim in another peer's heartbeat. With the security defences on (`robust`),
-a start counts only if a second peer's start backs it: with two or more others, the peer aligns
-on the second-earliest start, so one peer claiming an early start cannot make everyone skip steps.
+A round start is a claim in another peer's heartbeat. With the security defences on (`robust`):
+
+- a start more than `WINDOW_ROUNDS` of this peer's round times from its own start is ignored: an
+  honest peer that began the same round that much earlier is stalled in it (or its next round's
+  heartbeat says so), and one that began that much later is a round behind;
+- the peer aligns on the lower median of the starts it kept and its own, so with three or more
+  peers one liar moves the target at most to the next honest start;
+- with one other start only (the median is then that peer's claim alone), the steps left out are
+  capped at `UNCONFIRMED_FRACTION` of H: an honest pair still closes a drift within a few rounds,
+  a liar costs at most that share of each round.
 """
 
 from __future__ import annotations
@@ -22,6 +29,11 @@ import math
 from collections.abc import Sequence
 
 from p2p_trainer.net.records import Heartbeat
+
+WINDOW_ROUNDS = 2.0
+"""How many of this peer's round times another peer's start may lie from its own and still count."""
+UNCONFIRMED_FRACTION = 0.25
+"""Share of H one other peer's start may make this peer leave out when no third start backs it."""
 
 
 def steps_late(
@@ -35,7 +47,7 @@ def steps_late(
     robust: bool = False,
 ) -> int:
     """Inner steps this peer is late by, against the earliest start of `my_round` among the others
-    (with `robust`, the second-earliest when there are two or more).
+    (with `robust`, the lower median of the starts in the window and its own; see the module).
 
     Peers in the same round say exactly when they started it. A peer already a round ahead started
     this one about `round_s` (this peer's round time) before its current one. A peer that shows the
@@ -56,11 +68,22 @@ def steps_late(
     ]
     if not starts:
         return 0
-    earliest = sorted(starts)[1] if robust and len(starts) >= 2 else min(starts)
-    late_s = my_start - earliest
+    cap = num_inner_steps - 1
+    if robust:
+        window_s = WINDOW_ROUNDS * round_s
+        starts = [s for s in starts if abs(my_start - s) <= window_s]
+        if not starts:
+            return 0
+        if len(starts) == 1:
+            cap = min(cap, max(1, int(UNCONFIRMED_FRACTION * num_inner_steps)))
+        ordered = sorted([my_start, *starts])
+        target = ordered[(len(ordered) - 1) // 2]
+    else:
+        target = min(starts)
+    late_s = my_start - target
     if not math.isfinite(late_s) or late_s < step_s:
         return 0
-    return min(num_inner_steps - 1, int(late_s / step_s))
+    return min(cap, int(late_s / step_s))
 
 
 class RoundAligner:

@@ -7,8 +7,8 @@ hivemind derives from the key), its subkey bytes (the msgpack form hivemind stor
 expiration time and the body, so a record cannot be replayed under another key or subkey, nor
 stored again with a longer expiry.
 
-Binding: the key says whose record it is (`owner`): the subkey of a run's `peers` and
-`definition` keys, the peer id in an identity key. The signer's peer id must be that owner, so
+Binding: the key says whose record it is (`owner`): the subkey of a run's `peers`, `definition`
+and `revocations` keys, the peer id in an identity key. The signer's peer id must be that owner, so
 anyone can write records only for the identities whose keys it holds.
 
 We sign in our own process before `dht.store` (`Signer.seal`) rather than in the validator's
@@ -29,7 +29,7 @@ import multiprocessing
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgpack
@@ -175,7 +175,7 @@ def owner(key: str, subkey: object) -> str:
     """The peer id that must have signed a record under (`key`, `subkey`); raises for foreign keys."""
     if not key.startswith(KEY_PREFIX + "/"):
         raise EnvelopeError("foreign-key", f"key {key[:40]!r} is not one of ours")
-    if isinstance(subkey, str) and key.rsplit("/", 1)[-1] in ("peers", "definition"):
+    if isinstance(subkey, str) and key.rsplit("/", 1)[-1] in ("peers", "definition", "revocations"):
         return subkey
     identity_prefix = f"{KEY_PREFIX}/identity/"
     if subkey is None and key.startswith(identity_prefix):
@@ -259,6 +259,31 @@ class DropCounter:
         with self._counts.get_lock():
             values: Sequence[int] = self._counts[:]
         return {reason: int(n) for reason, n in zip(REASONS, values, strict=True) if n}
+
+
+class DropTally:
+    """What several drop counters counted since the last `take`: the round's share of them."""
+
+    def __init__(self, sources: dict[str, Callable[[], dict[str, int]]]) -> None:
+        self._sources = sources
+        self._last: dict[tuple[str, str], int] = {}
+        self.take()
+
+    def take(self) -> list[tuple[str, str, int]]:
+        """(source, reason, count) for each reason counted since the previous call."""
+        grown = []
+        for source, counts in self._sources.items():
+            try:
+                found = counts()
+            except Exception as exc:  # a metrics line must not fail while the DHT process shuts down
+                logger.debug("drop counts of %s unavailable: %s", source, exc)
+                continue
+            for reason, total in sorted(found.items()):
+                before = self._last.get((source, reason), 0)
+                self._last[(source, reason)] = total
+                if total > before:
+                    grown.append((source, reason, total - before))
+        return grown
 
 
 READ_DROPS = DropCounter("records read by this peer")

@@ -7,6 +7,8 @@ with a log line. Keys are scoped by run name:
 - `p2p-trainer/<run>/peers`, subkey = peer id: a `Heartbeat`, expiring after a few heartbeat periods;
 - `p2p-trainer/<run>/definition`, subkey = publisher's peer id: the `RunDefinition` it trains;
 - `p2p-trainer/identity/<peer id>`: a `Liveness` record, used to refuse a second node with a live key.
+- `p2p-trainer/<run>/revocations`, subkey = publisher's peer id: the owners' revocations it
+  holds (`revocation.py`).
 
 Every value is a signed envelope (`envelope.py`) sealed by the peer the key names, so a peer can
 write only its own heartbeat, definition and liveness record. Readers check the signature and

@@ -19,7 +19,7 @@ def join_swarm(
     run_definition: dict[str, object],
     stop: threading.Event | None = None,
     definition_ttl_s: float = NetworkConfig.run_definition_ttl_s,
-    check_self: Callable[[str], None] | None = None,
+    check_self: Callable[[NetNode], None] | None = None,
 ) -> NetNode:
     """Start this peer's DHT node and refuse to join if the swarm's run definition differs.
 
@@ -27,7 +27,7 @@ def join_swarm(
     what `check_self` raises; on any of them nothing is left running. The caller owns the returned node and must `shutdown()` it.
     Every joiner publishes its own, signed run definition, which lives `definition_ttl_s` in the DHT;
     the definitions are checked (signatures, live publishers) as the node's `verify_records` says.
-    `check_self(peer_id)` runs first and may raise (admission: a refused peer publishes nothing).
+    `check_self(node)` runs first and may raise (admission: a refused peer publishes nothing).
     """
     node = start_node(config, stop=stop)
     try:
@@ -43,13 +43,13 @@ def enter_run(
     run_name: str,
     run_definition: dict[str, object],
     definition_ttl_s: float = NetworkConfig.run_definition_ttl_s,
-    check_self: Callable[[str], None] | None = None,
+    check_self: Callable[[NetNode], None] | None = None,
 ) -> None:
     """The second half of `join_swarm`, for a node that is already running: `check_self`, then
     refuse (`RunDefinitionMismatch`) a run whose definition differs, else publish ours. The node
     is the caller's either way."""
     if check_self is not None:
-        check_self(node.peer_id)
+        check_self(node)
     ours = records.RunDefinition(run_definition)
     verify = node.config.verify_records
     records.check_run_definition(node, run_name, ours, definition_ttl_s, node.signer, verify)

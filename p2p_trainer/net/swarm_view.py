@@ -23,9 +23,11 @@ the whole TTL. A live peer named by mistake is back in view with its next heartb
 still joining (round 0 in their heartbeat, once this one has trained a while) are left out too.
 
 Only heartbeats signed by their own peer count (`envelope.py`), in a closed swarm only those of
-admitted peers (`admission.py`), and with the security defences on the view believes them only
-within bounds relative to its own state (`view_bounds.py`): every consumer of `heartbeats()`
-(groups, alignment, donor choice, rejoin) sees the bounded list.
+admitted peers (`admission.py`; every `REVOCATION_EVERY` refreshes the view also republishes the
+revocations it holds and learns those the others publish, `revocation.py`), and with the
+security defences on the view believes them only within bounds relative to its own state
+(`view_bounds.py`): every consumer of `heartbeats()` (groups, alignment, donor choice, rejoin)
+sees the bounded list.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from dataclasses import dataclass
 
 from p2p_trainer import __version__
 from p2p_trainer.config import NetworkConfig, SecurityConfig
-from p2p_trainer.net import records
-from p2p_trainer.net.admission import Admission
+from p2p_trainer.net import records, revocation
+from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
 
@@ -71,6 +73,10 @@ class PeerStatus:
     last_exchange: str = ""
     """The worst outcome among the last round's exchanges (`round_log.EXCHANGE_OUTCOMES`)."""
 
+
+REVOCATION_EVERY = 5
+"""Refreshes between two reads (and republications) of the swarm's revocations: they are rare,
+so one DHT read and store every few periods carries them to every peer within a minute or so."""
 
 REPORT_MARGIN_PERIODS = 1.5
 """How many heartbeat periods a suspect report must postdate the suspect's newest heartbeat."""
@@ -127,6 +133,9 @@ class SwarmView:
         self._suspected_at: dict[str, float] = {}
         self._training_since: float | None = None
         """DHT time this peer first suspected each of its current suspects."""
+        self._refreshes = 0
+        self.refused_self: str | None = None
+        """Why this swarm now refuses this very peer (an owner revoked it), or None."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._refresh()
@@ -171,10 +180,17 @@ class SwarmView:
         if not self.admission.open:  # a refused peer's claims (rounds included) count for nothing
             beats = [b for b in beats if self.admission.admits(b.peer_id, b.invitation)]
         if self.defences:
-            beats = bound_heartbeats(beats, self.status.round, now, self._bounds, self._replays)
+            st = self.status
+            beats = bound_heartbeats(beats, st.round, now, self._bounds, self._replays, st.round_started)
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
 
     def _refresh(self) -> None:
+        if self.admission.mode == "invitations" and self._refreshes % REVOCATION_EVERY == 0:
+            try:
+                self._share_revocations()
+            except (records.RecordError, TimeoutError, RuntimeError) as exc:  # the heartbeat still goes out
+                logger.warning("sharing the swarm's revocations failed: %s", exc)
+        self._refreshes += 1
         try:
             records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s, self.node.signer)
             peers, left = self._read()
@@ -187,6 +203,18 @@ class SwarmView:
         self._known |= others
         if not others and self._known:
             self._reconnect()
+
+    def _share_revocations(self) -> None:
+        """Learn the revocations the swarm published, republish those held, and note if one
+        names this peer (its heartbeats are then dropped by every peer that holds it)."""
+        learn_published(self.admission, self.node, self.run_name)
+        held = self.admission.revocations()
+        if held:
+            ttl_s = max(self.ttl_s, 3 * REVOCATION_EVERY * self.period_s)
+            revocation.publish(self.node, self.run_name, held, ttl_s, self.node.signer)
+        if self.refused_self is None and self.admission.revoked_by(self.node.peer_id) is not None:
+            self.refused_self = self.admission.refusal(self.node.peer_id, self.invitation)
+            logger.error("this swarm now refuses this peer: %s", self.refused_self)
 
     def _reconnect(self) -> None:
         targets = sorted(self._known | set(self.node.bootstrap_ids()))

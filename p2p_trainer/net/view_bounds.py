@@ -6,7 +6,10 @@ honest peer could make:
 
 - a round more than `round_window` above the median round of the live peers (this one's own
   included): a forged huge round would make its forger every joiner's donor and send rejoining
-  peers after it;
+  peers after it. Peers at round 0 count once they train it (a round start): at a swarm's very
+  start every honest peer is there, and leaving them out would make a forger's round its own
+  median. Peers at round 0 without a start are joining and stay out, so that joiners do not drag
+  a running swarm's median down;
 - a timestamp, or a round start, more than `clock_skew_s` ahead of this peer's clock, or a round
   start after the heartbeat's own timestamp: the round start is then treated as unknown, so it
   cannot make aligned peers skip steps;
@@ -65,11 +68,24 @@ def plausible(beat: Heartbeat, now: float, bounds: HeartbeatBounds) -> Heartbeat
     return beat
 
 
-def within_round_window(beats: list[Heartbeat], own_round: int, window: int) -> list[Heartbeat]:
-    """The heartbeats whose round is at most `window` above the median of theirs and `own_round`."""
-    median = median_round([own_round, *(b.round for b in beats if not b.leaving)])
-    if median is None:
+def training_rounds(beats: Sequence[Heartbeat], own_round: int, own_started: float) -> list[int]:
+    """The rounds the window's median is taken over: every peer past round 0 or training it (its
+    round start is known), this one's own included; joiners (round 0, no start) are left out."""
+    rounds = [b.round for b in beats if not b.leaving and (b.round > 0 or b.round_started > 0)]
+    if own_round > 0 or own_started > 0:
+        rounds.append(own_round)
+    return rounds
+
+
+def within_round_window(
+    beats: list[Heartbeat], own_round: int, window: int, own_started: float = 0.0
+) -> list[Heartbeat]:
+    """The heartbeats whose round is at most `window` above the lower median of the training peers'
+    rounds (`training_rounds`; `own_started`: this peer's start of `own_round`, 0 if not training)."""
+    counted = sorted(training_rounds(beats, own_round, own_started))
+    if not counted:
         return beats
+    median = counted[(len(counted) - 1) // 2]
     kept = []
     for beat in beats:
         if beat.round > median + window:
@@ -107,9 +123,16 @@ class ReplayFilter:
 
 
 def bound_heartbeats(
-    beats: list[Heartbeat], own_round: int, now: float, bounds: HeartbeatBounds, replays: ReplayFilter
+    beats: list[Heartbeat],
+    own_round: int,
+    now: float,
+    bounds: HeartbeatBounds,
+    replays: ReplayFilter,
+    own_started: float = 0.0,
 ) -> list[Heartbeat]:
-    """The heartbeats a consumer may trust (see the module's docstring), sorted by peer id."""
+    """The heartbeats a consumer may trust (see the module's docstring), sorted by peer id;
+    `own_started`: when this peer began `own_round` (0 while it is still joining)."""
     fresh = replays.newest(beats, now)
     kept = [b for b in (plausible(beat, now, bounds) for beat in fresh) if b is not None]
-    return sorted(within_round_window(kept, own_round, bounds.round_window), key=lambda b: b.peer_id)
+    window = within_round_window(kept, own_round, bounds.round_window, own_started)
+    return sorted(window, key=lambda b: b.peer_id)

@@ -24,9 +24,10 @@ from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
 from p2p_trainer.logs import CONTEXT
 from p2p_trainer.net import behind_nat, records
-from p2p_trainer.net.admission import Admission, check_self
+from p2p_trainer.net.admission import Admission, InvitationError, check_entry
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig, NetNode
+from p2p_trainer.net.envelope import READ_DROPS, DropTally
 from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.network_exchange import NetworkExchange
@@ -35,7 +36,7 @@ from p2p_trainer.net.state_sync import StateServer
 from p2p_trainer.net.swarm_entry import join_swarm
 from p2p_trainer.net.swarm_view import PeerStatus, SwarmView
 from p2p_trainer.net.transport import Transport
-from p2p_trainer.round_log import FinalRecord, ResumeRecord, StartRecord
+from p2p_trainer.round_log import DropCount, FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
 from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR, agree, final_request, wants_final_agreement
 from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile
@@ -138,9 +139,7 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         run_definition=opts.run.run_definition(),
         stop=stop,
         definition_ttl_s=opts.run.network.run_definition_ttl_s,
-        check_self=lambda peer_id: check_self(
-            Admission(opts.run.security, opts.swarm), peer_id, opts.invitation
-        ),
+        check_self=lambda node: check_entry(Admission(opts.run.security, opts.swarm), node, opts.invitation),
     )
     with contextlib.ExitStack() as leave:  # closes what the stages opened, in reverse, however they end
         leave.callback(node.shutdown)
@@ -329,7 +328,10 @@ def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetr
     aligned = cfg.outer.align_rounds and not cfg.outer.target_tokens_per_round  # §6 fixes round tokens
     robust = cfg.security.defences  # one peer's claimed round start is not enough (align.py)
     aligner = RoundAligner(j.node.peer_id, cfg.outer.num_inner_steps, robust=robust) if aligned else None
+    drops = DropTally({"read": READ_DROPS.counts, "stored": j.node.record_drops})
     while peer.state.round < cfg.rounds and not should_stop():
+        if j.view.refused_self is not None:  # no peer takes its messages any more: training alone is moot
+            raise InvitationError(f"this swarm now refuses peer {j.node.peer_id}: {j.view.refused_self}")
         regain.before_round()
         _begin_round(j, aligner)
         m = peer.run_round_until(should_stop)
@@ -337,7 +339,7 @@ def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetr
             return
         if aligner is not None:
             aligner.observe(m.wall_s)
-        _end_round(j, m)
+        _end_round(j, m, tuple(DropCount(*d) for d in drops.take()))
         rejoined = rejoin.after_round(m)
         if rejoined is not None:
             j.metrics.write(rejoined)
@@ -358,8 +360,9 @@ def _begin_round(j: Joined, aligner: RoundAligner | None) -> None:
     CONTEXT.round, CONTEXT.step = peer.state.round, peer.step
 
 
-def _end_round(j: Joined, m: RoundMetrics) -> None:
-    """Serve the new state, report the round in the heartbeat and the metrics."""
+def _end_round(j: Joined, m: RoundMetrics, dropped: tuple[DropCount, ...] = ()) -> None:
+    """Serve the new state, report the round in the heartbeat and the metrics (with the records
+    refused during the round, `dropped`)."""
     peer, status = j.peer, j.view.status
     j.server.publish(peer.state, peer.timing.t_step_s)
     # the next round starts about now (the loop's top says exactly when)
@@ -367,7 +370,7 @@ def _end_round(j: Joined, m: RoundMetrics) -> None:
     status.tokens_processed = peer.tokens
     status.loss = m.train_loss
     status.throughput_tokens_per_s = j.tokens_per_round / max(1e-9, m.wall_s)
-    record = round_record(j.node.peer_id, m, j.started)
+    record = round_record(j.node.peer_id, m, j.started, dropped)
     status.last_exchange = round_outcome(record.exchanges)
     j.metrics.write(record)
 

@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 from typing import IO
 
-from p2p_trainer.round_log import LogRecord, RoundRecord
+from p2p_trainer.round_log import DropCount, LogRecord, RoundRecord
 from p2p_trainer.train.trainer import RoundMetrics
 
 
-def round_record(peer_id: str, m: RoundMetrics, started: float) -> RoundRecord:
-    """The round's line; `started` is the peer's start (time.monotonic()), the origin of `time_s`."""
+def round_record(
+    peer_id: str, m: RoundMetrics, started: float, dropped: tuple[DropCount, ...] = ()
+) -> RoundRecord:
+    """The round's line; `started` is the peer's start (time.monotonic()), the origin of `time_s`;
+    `dropped`: the records the peer refused during the round."""
     ex = tuple(m.report.exchanges)
     return RoundRecord(
         peer=peer_id,
@@ -34,6 +37,7 @@ def round_record(peer_id: str, m: RoundMetrics, started: float) -> RoundRecord:
         bytes_sent=sum(e.bytes_sent for e in ex),
         bytes_received=sum(e.bytes_received for e in ex),
         exchanges=ex,
+        dropped=dropped,
     )
 
 

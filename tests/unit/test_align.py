@@ -6,10 +6,15 @@ from dataclasses import replace
 
 import msgpack
 import pytest
+from nacl.signing import SigningKey
 
 from p2p_trainer.config import OuterConfig
+from p2p_trainer.net import records
 from p2p_trainer.net.align import RoundAligner, steps_late
+from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RecordError
+from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
+from tests.unit.test_record_bounds import FakeDHT
 
 ME = "12D3KooWme"
 
@@ -79,3 +84,60 @@ def test_with_defences_one_peer_claiming_an_early_start_is_not_followed() -> Non
     # two peers that did start earlier are followed as before
     both = [beat("a", 7, 98.9), beat("b", 7, 98.9), beat("c", 7, 99.9)]
     assert steps_late(7, 100.0, both, ME, round_s=5.0, step_s=0.5, num_inner_steps=10, robust=True) == 2
+
+
+def _read_back(beats: list[tuple[Signer, Heartbeat]], now: float) -> list[Heartbeat]:
+    """`beats` signed, stored, read back and bounded as a view with the defences on sees them."""
+    dht = FakeDHT()
+    for signer, hb in beats:
+        records.publish_heartbeat(dht, "run", hb, 30, signer)
+    read = [b for b, _ in records.read_heartbeats(dht, "run")]
+    return bound_heartbeats(read, 7, now, HeartbeatBounds(), ReplayFilter(forget_after_s=30.0), now - 1)
+
+
+def _signed(signer: Signer, rnd: int, started: float) -> tuple[Signer, Heartbeat]:
+    return signer, replace(beat(signer.peer_id, rnd, started), timestamp=records.now())
+
+
+SIGNERS = [Signer(SigningKey(bytes([60 + i]) * 32)) for i in range(4)]
+
+
+def test_a_far_past_start_signed_by_one_peer_among_honest_ones_is_not_followed() -> None:
+    now = records.now()
+    me, a, b, liar = SIGNERS
+    aligner = RoundAligner(me.peer_id, num_inner_steps=10, robust=True)
+    aligner.observe(5.0)
+    honest = [_signed(a, 7, now - 1.1), _signed(b, 7, now - 0.9)]
+    assert aligner.steps_to_skip(7, now, _read_back(honest, now), step_s=0.5) == 1
+    for past_s in (3600.0, 10.5):  # an hour ago; just outside two round times
+        seen = _read_back([*honest, _signed(liar, 7, now - past_s)], now)
+        assert liar.peer_id in {h.peer_id for h in seen}  # signed and admitted: only its claim is bounded
+        assert aligner.steps_to_skip(7, now, seen, step_s=0.5) == 1
+    # inside the window it moves the median one place: to the earliest honest start, no further
+    seen = _read_back([*honest, _signed(liar, 7, now - 9.0)], now)
+    assert aligner.steps_to_skip(7, now, seen, step_s=0.5) == 2
+    # a claim a round ahead is extrapolated back before it is judged: the same
+    seen = _read_back([*honest, _signed(liar, 8, now - 3600.0)], now)
+    assert aligner.steps_to_skip(7, now, seen, step_s=0.5) == 1
+
+
+def test_alone_a_far_past_start_moves_a_peer_a_bounded_amount() -> None:
+    now = records.now()
+    me, liar = SIGNERS[0], SIGNERS[3]
+    aligner = RoundAligner(me.peer_id, num_inner_steps=10, robust=True)
+    aligner.observe(5.0)
+    far = _read_back([_signed(liar, 7, now - 3600.0)], now)
+    assert aligner.steps_to_skip(7, now, far, step_s=0.5) == 0  # outside the window: ignored
+    near = _read_back([_signed(liar, 7, now - 9.9)], now)
+    assert aligner.steps_to_skip(7, now, near, step_s=0.5) == 2  # a quarter of H, not H - 1
+    assert RoundAligner(me.peer_id, 10).steps_to_skip(7, now, near, step_s=0.5) == 0  # no round time yet
+    unbounded = RoundAligner(me.peer_id, num_inner_steps=10)
+    unbounded.observe(5.0)
+    assert unbounded.steps_to_skip(7, now, far, step_s=0.5) == 9  # defences off: as before
+
+
+def test_an_honest_pair_still_closes_its_drift() -> None:
+    # the other peer started 3 s (6 steps) earlier: capped at 2 steps a round, closed in 3 rounds
+    assert steps_late(7, 100.0, [beat("a", 7, 97.0)], ME, 5.0, 0.5, 10, robust=True) == 2
+    assert steps_late(7, 100.0, [beat("a", 7, 99.0)], ME, 5.0, 0.5, 10, robust=True) == 2
+    assert steps_late(7, 100.0, [beat("a", 7, 99.5)], ME, 5.0, 0.5, 10, robust=True) == 1

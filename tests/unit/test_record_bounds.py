@@ -238,3 +238,18 @@ def test_the_view_hides_a_signed_but_implausible_heartbeat_only_with_defences(de
         assert {me.peer_id, honest.peer_id} <= seen
     finally:
         view.close()
+
+
+def test_at_a_swarms_start_a_forged_round_below_the_end_is_outside_the_window() -> None:
+    # every honest peer trains round 0 (its start is known); the forger claims round 150 of 200
+    training = beat("a", 0, round_started=NOW - 5.0)
+    liar = beat("liar", 150, round_started=NOW - 5.0)
+    assert [b.peer_id for b in bounded([training, liar], own_round=0)] == ["a"]  # a joiner's view
+    own = bound_heartbeats([liar], 0, NOW, BOUNDS, ReplayFilter(8.0), own_started=NOW - 5.0)
+    assert own == []  # the honest peer alone with the forger, training round 0
+    assert [b.peer_id for b in bounded([beat("a", 2), liar], own_round=2)] == ["a"]
+    # joiners (round 0, no start) still do not drag a running swarm's median down
+    joiners = [beat(f"j{i}", 0, round_started=0.0) for i in range(3)]
+    assert len(bounded([*joiners, beat("a", 500)], own_round=0)) == 4
+    # and a round within the window of the training peers still passes
+    assert len(bounded([training, beat("b", 90)], own_round=0)) == 2

@@ -180,3 +180,33 @@ def test_a_tail_reads_what_was_appended_as_the_whole_file_reads(tmp_path: Path) 
     assert log == read_log(path) and log.records == (*EVERY_KIND[:2], ROUND) and log.torn == 1
     path.write_text(lines[4])  # replaced (a new run in the same place): read from its start
     assert tail.read().records == (EVERY_KIND[4],)
+
+
+def test_a_rounds_refused_records_are_counted_by_reason_and_older_lines_still_read() -> None:
+    from p2p_trainer.net.envelope import DropCounter, DropTally
+    from p2p_trainer.round_log import DropCount
+
+    read, stored = DropCounter("test reads"), DropCounter("test stores")
+    read.count("not-admitted", "before the first round")  # counted before the tally starts: not this round's
+
+    def gone() -> dict[str, int]:
+        raise RuntimeError("the DHT process has shut down")
+
+    tally = DropTally({"read": read.counts, "stored": stored.counts, "gone": gone})
+    for _ in range(3):
+        read.count("not-admitted", "an uninvited peer")
+    read.count("implausible", "a round far ahead")
+    stored.count("bad-signature", "a forged heartbeat")
+    got = tuple(DropCount(*d) for d in tally.take())
+    assert got == (
+        DropCount("read", "implausible", 1),
+        DropCount("read", "not-admitted", 3),
+        DropCount("stored", "bad-signature", 1),
+    )
+    assert tally.take() == []  # nothing new since
+    record = dataclasses.replace(ROUND, dropped=got)
+    line = record.to_dict()
+    assert line["dropped"][1] == {"source": "read", "reason": "not-admitted", "count": 3}
+    assert parse_record(json.loads(json.dumps(line))) == record
+    older = {k: v for k, v in ROUND.to_dict().items() if k != "dropped"} | {"schema": 2}
+    assert parse_record(older) == ROUND and ROUND.dropped == ()

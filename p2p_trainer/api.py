@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from p2p_trainer.config import OuterConfig, RunConfig
+from p2p_trainer.config import RunConfig, load_config
 from p2p_trainer.net.admission import Admission, check_entry
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.swarm_entry import enter_run
@@ -62,16 +62,19 @@ def run_config(
     rounds: int | None = None,
     seed: int | None = None,
 ) -> RunConfig:
-    """`config` (default: `RunConfig()`) with the shortcuts that are given on top. A `method`
-    brings its reference hyperparameters (`METHOD_DEFAULTS`), so it cannot also come in `config`."""
-    base = config or RunConfig()
+    """`config` (default: the shipped run, the one `p2p-trainer join` runs without a config file)
+    with the shortcuts that are given on top. A `method` applies to the shipped run as `--method`
+    does: the shipped [outer] values (H) and the exchange settings stay, and the method's reference
+    hyperparameters (`METHOD_DEFAULTS`) fill the rest; so it cannot also come in `config`."""
+    if config is None:
+        base = load_config(None, method=method)  # as `join --method` without a config file
+    elif method is not None and method != config.outer.method:
+        raise ValueError(
+            f"method={method!r} but config.outer.method={config.outer.method!r}: give the method in one place"
+        )
+    else:
+        base = config
     outer = base.outer
-    if method is not None and method != outer.method:
-        if config is not None:
-            raise ValueError(
-                f"method={method!r} but config.outer.method={outer.method!r}: give the method in one place"
-            )
-        outer = OuterConfig.for_method(method)
     if inner_steps is not None:
         outer = dataclasses.replace(outer, num_inner_steps=inner_steps)
     cfg = dataclasses.replace(
@@ -93,7 +96,8 @@ class Swarm:
 
     `initial_peers`: multiaddrs of running nodes (another Swarm's `addresses`), or the
     `--initial-peers ...` text `p2p-trainer bootstrap` prints; none starts a new swarm. `method`, `inner_steps`, `rounds` and `seed`
-    set those fields of `config` (default `RunConfig()`), which holds everything else: exchange,
+    set those fields of `config` (default: the shipped run, `load_config(None)`, as the command
+    line's), which holds everything else: exchange,
     network and security settings, and the inner optimizer built when none is given. `identity`
     is the node's key file (default: a new one, so a new peer id), `run_dir` where metrics.jsonl
     goes (default: a temporary directory, removed on `close`). `stop`, once set, ends the rounds

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from p2p_trainer.api import OwnModelRun, _checked, run_config
-from p2p_trainer.config import OuterConfig, RunConfig
+from p2p_trainer.config import OuterConfig, RunConfig, load_config
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.net import records
 from p2p_trainer.net.records import RunDefinition, RunDefinitionMismatch
@@ -136,6 +136,20 @@ def test_run_config_takes_the_shortcuts_on_top_of_the_config() -> None:
         run_config(RunConfig(outer=OuterConfig.for_method("noloco")), method="diloco")
     with pytest.raises(ValueError, match="target_tokens_per_round"):
         run_config(RunConfig(outer=OuterConfig.for_method("diloco", target_tokens_per_round=10**6)))
+
+
+def test_the_api_runs_what_the_command_line_runs_by_default() -> None:
+    # the shipped default run: DiLoCo with int8 updates, models in float16, whole groups
+    default = run_config()
+    assert (default.outer.method, default.outer.num_inner_steps) == ("diloco", 20)
+    assert (default.exchange.update_codec, default.exchange.wire_dtype) == ("int8", "float16")
+    assert default.exchange.quorum_fraction == 1.0
+    assert default == load_config(None)
+    # a method changes only the method, as `--method` does: the exchange settings stay
+    noloco = run_config(method="noloco")
+    assert noloco == load_config(None, method="noloco")
+    assert (noloco.outer.method, noloco.outer.num_inner_steps) == ("noloco", 20)
+    assert noloco.exchange == default.exchange
 
 
 def test_batches_start_over_unless_they_are_a_one_shot_iterator() -> None:

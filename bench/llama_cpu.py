@@ -9,9 +9,11 @@
    checked to be ≥ 20M before anything runs).
 3. bare: two plain torch loops (forward, backward, clipping, AdamW step), the same model from the
    same seed, on the batches of the swarm peers' own data streams (`TokenStream` keys peer0 and
-   peer1 over the same tokenized corpus), side by side for `--seconds`.
-4. swarm: `p2p-trainer local --peers 2` with the same config (method default, H = 10 inner steps
-   per round) for the same `--seconds` (its `--minutes`).
+   peer1 over the same tokenized corpus), side by side for `--seconds` / 2 before the swarm and
+   again after it; their rate is the mean of the two halves, which cancels a steady drift of the
+   machine's speed (it changes by tens of percent over minutes on a shared host).
+4. swarm: `p2p-trainer local --peers 2` with the same config (the shipped default's method,
+   codecs and quorum, at H = 10 inner steps per round) for the same `--seconds` (its `--minutes`).
 
 Fair comparison on a small machine: `local` gives each peer cpu_count // peers torch threads (one
 each on 2 cores), so the bare side is two processes with as many torch threads each, running at
@@ -21,7 +23,10 @@ intra-op scaling instead, which the peers are not given. What the swarm's proces
 training (each peer's DHT process and p2pd, the exchanges' serialisation) competes for the same
 cores, and that is part of what is measured.
 
-Reported (printed and in DIR/llama_cpu.json): inner-step tokens/s (tokens of the inner steps over
+First, one process alternates the peer's own inner step (`Peer.inner_step`, no node, no exchange)
+with the bare step, `--steps` times each after a warm-up: the training code's cost by itself.
+
+Reported (printed and in DIR/llama_cpu.json): the paired steps' ratio, inner-step tokens/s (tokens of the inner steps over
 their time, `RoundRecord.compute_s`, the first round left out as warm-up) and overall tokens/s
 (tokens over wall time from the end of the first round to the end of the last, exchanges and outer
 steps included) of the swarm, the bare loops' tokens/s, the ratios, the model's parameter bytes
@@ -50,7 +55,7 @@ import torch
 
 from bench.peak_rss import PeakRss
 from p2p_trainer import processes
-from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, load_config
+from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, RunConfig, load_config
 from p2p_trainer.config.toml_io import to_toml
 from p2p_trainer.round_log import RoundRecord, read_log
 from p2p_trainer.run.launcher import thread_env
@@ -65,13 +70,16 @@ WARMUP_STEPS = 2
 
 
 def run_config(model: ModelConfig, tokenizer: Path, tiny: bool) -> RunConfig:
+    shipped = load_config(None)
     return RunConfig(
         seed=0,
         rounds=1_000_000,  # the time bound ends the run
         model=model,
         data=DataConfig(tokenizer=str(tokenizer), batch_size=2 if tiny else 4, val_batches=2),
         inner=InnerConfig(lr=6e-4, warmup_steps=10, eval_every=0),
-        outer=OuterConfig(num_inner_steps=3 if tiny else 10),
+        # the shipped default's method, codecs and quorum (what `p2p-trainer local` runs), at H = 10
+        outer=dataclasses.replace(shipped.outer, num_inner_steps=3 if tiny else 10),
+        exchange=shipped.exchange,
     )
 
 
@@ -121,10 +129,57 @@ def bare_worker(config: Path, key: str, seconds: float, result: Path) -> None:
     result.write_text(json.dumps(out))
 
 
-def run_bare(config: Path, out: Path, seconds: float) -> list[dict[str, Any]]:
+def paired_worker(config: Path, steps: int, result: Path) -> None:
+    """The peer's own inner step (`Peer.inner_step`, no node, no exchange) against the bare step,
+    alternating in one process on the same model shape and stream: what the training code costs
+    by itself, apart from the node processes and exchanges a swarm adds."""
+    from p2p_trainer.exchange.inprocess import InProcessSwarm
+    from p2p_trainer.train.data import TokenStream, check_corpus
+    from p2p_trainer.train.trainer import Peer, RoundReport
+
+    torch.set_num_threads(threads_per_worker())
+    cfg = load_config(str(config))
+    corpus = check_corpus(cfg)
+    peer = Peer(cfg, InProcessSwarm(1, cfg.seed).exchange(0), corpus, "peer0")
+    model = build_model(cfg.model, cfg.seed)
+    inner = cfg.inner
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay
+    )
+    stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, "peer0")
+    report = RoundReport(0)
+
+    def bare() -> None:
+        x, y = stream.next_batch()
+        model(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), inner.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = {"bare": 0.0, "peer": 0.0}
+    for i in range(WARMUP_STEPS + steps):
+        for name, step in (("bare", bare), ("peer", lambda: peer.inner_step(report))):
+            t0 = time.monotonic()
+            step()
+            if i >= WARMUP_STEPS:
+                times[name] += time.monotonic() - t0
+    out = {"steps": steps, "bare_s_per_step": times["bare"] / steps, "peer_s_per_step": times["peer"] / steps}
+    result.write_text(json.dumps(out))
+
+
+def run_paired(config: Path, out: Path, steps: int) -> dict[str, Any]:
+    path = out / "paired.json"
+    argv = [sys.executable, "-m", "bench.llama_cpu", "--paired-worker", "--config", str(config)]
+    argv += ["--steps", str(steps), "--out", str(path)]
+    subprocess.run(argv, env={**os.environ, **thread_env(threads_per_worker())}, check=True)
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
+def run_bare(config: Path, out: Path, seconds: float, label: str) -> list[dict[str, Any]]:
     """The two bare loops side by side, each in its own process."""
     me = [sys.executable, "-m", "bench.llama_cpu", "--bare-worker", "--config", str(config)]
-    files = [out / f"bare{i}.json" for i in range(PEERS)]
+    files = [out / f"bare-{label}{i}.json" for i in range(PEERS)]
     env = {**os.environ, **thread_env(threads_per_worker())}  # as `local` starts its peers
     procs = [
         subprocess.Popen([*me, "--key", f"peer{i}", "--seconds", str(seconds), "--out", str(f)], env=env)
@@ -181,11 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=600.0, help="Wall time of each side.")
     p.add_argument("--tiny", action="store_true", help="Tiny sizes: check the script end to end.")
     p.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--paired-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=8, help="Paired steps of the in-process comparison.")
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--key", default="peer0", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.bare_worker:
         bare_worker(args.config, args.key, args.seconds, args.out)
+        return 0
+    if args.paired_worker:
+        paired_worker(args.config, args.steps, args.out)
         return 0
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -199,10 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     config = out / "config.toml"
     config.write_text(to_toml(cfg))
     print(f"model: {params:,} parameters, vocabulary {vocab}; {args.seconds:.0f} s per side", flush=True)
-    bare = run_bare(config, out, args.seconds)
+    # half the bare time before the swarm and half after: the machine's speed drifts over minutes
+    # (other tenants), and the mean of the two halves cancels a steady drift
+    paired = run_paired(config, out, args.steps)
+    before = run_bare(config, out, args.seconds / 2, "before")
     rounds, peer_rss = run_swarm(config, out, args.seconds)
+    after = run_bare(config, out, args.seconds / 2, "after")
+    bare = before + after
     rates = [swarm_rates(r) for r in rounds]
-    bare_tps = sum(b["tokens"] / b["seconds"] for b in bare)
+    halves = [sum(b["tokens"] / b["seconds"] for b in half) for half in (before, after)]
+    bare_tps = sum(halves) / 2
     inner_tps, overall_tps = sum(r[0] for r in rates), sum(r[1] for r in rates)
     report = {
         "params": params,
@@ -210,10 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         "model_param_bytes": 4 * params,
         "outer_state_bytes": outer_memory(cfg),
         "bare_tokens_per_s": round(bare_tps, 1),
+        "bare_tokens_per_s_before_after": [round(h, 1) for h in halves],
         "swarm_inner_tokens_per_s": round(inner_tps, 1),
         "swarm_overall_tokens_per_s": round(overall_tps, 1),
         "inner_ratio": round(inner_tps / bare_tps, 3),
         "overall_ratio": round(overall_tps / bare_tps, 3),
+        "paired_in_process": {
+            **paired,
+            "ratio": round(paired["bare_s_per_step"] / paired["peer_s_per_step"], 3),
+        },
         "rounds_per_peer": [len(r) for r in rounds],
         "bare_steps": [b["steps"] for b in bare],
         "bare_peak_rss_bytes": [b["peak_rss_bytes"] for b in bare],

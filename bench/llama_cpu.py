@@ -7,8 +7,8 @@
 2. The model: Llama (`model.arch = "llama"`), d_model 512, 6 layers, 8 heads, SwiGLU 1408, tied
    embedding, the tokenizer's vocabulary, 256-token context: about 23.5M parameters (the count is
    checked to be ≥ 20M before anything runs).
-3. bare: two plain torch loops (forward, backward, clipping, AdamW step), the same model from the
-   same seed, on the batches of the swarm peers' own data streams (`TokenStream` keys peer0 and
+3. bare: two plain torch loops (forward, backward, clipping, fused AdamW step, as the peer's),
+   the same model from the same seed, on the batches of the swarm peers' own data streams (`TokenStream` keys peer0 and
    peer1 over the same tokenized corpus), side by side for `--seconds` / 2 before the swarm and
    again after it; their rate is the mean of the two halves, which cancels a steady drift of the
    machine's speed (it changes by tens of percent over minutes on a shared host).
@@ -108,8 +108,8 @@ def bare_worker(config: Path, key: str, seconds: float, result: Path) -> None:
     stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, key)
     model = build_model(cfg.model, cfg.seed)
     inner = cfg.inner
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay
+    opt = torch.optim.AdamW(  # the peer's optimizer: fused, as `Peer` builds it on the CPU
+        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay, fused=True
     )
     steps, t0, end, loss = 0, 0.0, time.monotonic() + seconds, torch.zeros(())
     while time.monotonic() < end or steps <= WARMUP_STEPS:
@@ -143,8 +143,8 @@ def paired_worker(config: Path, steps: int, result: Path) -> None:
     peer = Peer(cfg, InProcessSwarm(1, cfg.seed).exchange(0), corpus, "peer0")
     model = build_model(cfg.model, cfg.seed)
     inner = cfg.inner
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay
+    opt = torch.optim.AdamW(  # the peer's optimizer: fused, as `Peer` builds it on the CPU
+        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay, fused=True
     )
     stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, "peer0")
     report = RoundReport(0)

@@ -25,6 +25,8 @@ from p2p_trainer.train.host_state import HostMirror, OuterMemory, offloads
 from p2p_trainer.train.workload import Workload, language_model, to_device
 
 logger = logging.getLogger(__name__)
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+"""Devices where torch has a fused AdamW kernel; elsewhere the optimizer loops over the tensors."""
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -98,7 +100,9 @@ class Peer:
             lr=inner.lr,
             betas=inner.betas,
             weight_decay=inner.weight_decay,
-            fused=self.device.type == "cuda",
+            # one fused kernel instead of a Python loop over the tensors: on the CPU a 23.5M-parameter
+            # step takes 50 ms instead of 195 ms (7 % of a 2.2 s inner step), on a GPU it saves launches
+            fused=self.device.type in FUSED_ADAMW_DEVICES,
         )
         self.lr_schedule = workload.lr_schedule or (
             lambda s: lr_factor(s, inner.warmup_steps, cfg.total_inner_steps, inner.min_lr_ratio)

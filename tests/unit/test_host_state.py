@@ -112,9 +112,25 @@ def _train_one(cfg: RunConfig, rounds: int = 1, device: str = "cpu") -> list[Pee
     return [peer]
 
 
-def test_the_inner_optimizer_is_fused_only_on_cuda() -> None:
+def test_the_inner_optimizer_is_fused_on_the_cpu_and_steps_as_the_loop_does() -> None:
     (peer,) = _train_one(_cfg("independent"), rounds=0)
-    assert not peer.optimizer.defaults.get("fused")
+    assert peer.optimizer.defaults.get("fused") is True
+    # the fused kernel's step equals torch's per-tensor loop to float32 rounding
+    torch.manual_seed(0)
+    start = [torch.randn(64, 32), torch.randn(32)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(3)]
+    results = []
+    for fused in (True, False):
+        params = [p.clone().requires_grad_(True) for p in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, fused=fused)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        results.append([p.detach() for p in params])
+    for fused_p, loop_p, p0 in zip(*results, start, strict=True):
+        assert not torch.equal(fused_p, p0)  # the steps moved it
+        torch.testing.assert_close(fused_p, loop_p, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- CUDA only

@@ -33,8 +33,8 @@ steps included) of the swarm, the bare loops' tokens/s, the ratios, the model's 
 and the bytes the outer state adds (φ and m; θ's staging copy where offloaded: never on the CPU),
 and the peak RSS of each bare and each peer process for context.
 
-The full run takes about 2 × `--seconds` plus 2–3 minutes (tokenizer, start-up, final agreement):
-about 23 minutes with the default 600 s. `--tiny` shrinks everything to check the script in
+The full run takes about 2 × `--seconds` plus 3–4 minutes (tokenizer, paired steps, start-up,
+final agreement): about 24 minutes with the default 600 s. `--tiny` shrinks everything to check the script in
 about a minute.
 """
 

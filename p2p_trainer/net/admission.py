@@ -27,7 +27,7 @@ import base64
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -226,12 +226,13 @@ class Admission:
         return False
 
 
-def learn_published(admission: Admission, dht: DHTLike, swarm: str) -> None:
-    """Have `admission` hold the valid revocations published for `swarm` in the DHT; published
-    ones that do not verify are counted and logged (rate-limited) as forged."""
+def learn_published(admission: Admission, dht: DHTLike, swarm: str, prefer: Collection[str] = ()) -> None:
+    """Have `admission` hold the valid revocations published for `swarm` in the DHT (`prefer`:
+    publishers read first, `revocation.read`); published ones that do not verify are counted and
+    logged (rate-limited) as forged."""
     if admission.mode != "invitations":
         return
-    for text, why in admission.learn(revocation.read(dht, swarm)).items():
+    for text, why in admission.learn(revocation.read(dht, swarm, prefer)).items():
         READ_DROPS.count("wrong-owner", f"ignoring a published revocation {text[:16]}...: {why}")
 
 

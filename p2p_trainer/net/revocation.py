@@ -17,7 +17,7 @@ this peer's own owner list: a publisher can only repeat an owner's statement, ne
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import msgpack
@@ -122,15 +122,22 @@ def publish(dht: records.DHTLike, swarm: str, texts: list[str], ttl_s: float, si
     return records.seal_and_store(dht, signer, key, signer.peer_id, body, records.now() + ttl_s)
 
 
-def read(dht: records.DHTLike, swarm: str) -> list[str]:
+def read(dht: records.DHTLike, swarm: str, prefer: Collection[str] = ()) -> list[str]:
     """The revocation texts published for `swarm` (signed records only; not yet checked against
-    the owners: `Admission.learn` does that), at most `MAX_PUBLISHERS` × `MAX_PER_RECORD`."""
+    the owners: `Admission.learn` does that), at most `MAX_PUBLISHERS` × `MAX_PER_RECORD`.
+
+    Publishers in `prefer` (the admitted peers in view) are read first: anyone may store a record
+    under their own subkey, and strangers whose ids sort first would otherwise fill the bound and
+    hide the admitted peers' records."""
     key = revocations_key(swarm)
     entries = getattr(dht.get(key, latest=True), "value", None)
     if not isinstance(entries, dict):
         return []
     texts: list[str] = []
-    for publisher in sorted(p for p in entries if isinstance(p, str))[:MAX_PUBLISHERS]:
+    publishers = sorted(p for p in entries if isinstance(p, str))
+    preferred = set(prefer)
+    ordered = [p for p in publishers if p in preferred] + [p for p in publishers if p not in preferred]
+    for publisher in ordered[:MAX_PUBLISHERS]:
         try:
             fields = records.unpack(records.open_body(entries[publisher], key, publisher, verify=True))
             listed = fields.get("revoked")

@@ -207,7 +207,8 @@ class SwarmView:
     def _share_revocations(self) -> None:
         """Learn the revocations the swarm published, republish those held, and note if one
         names this peer (its heartbeats are then dropped by every peer that holds it)."""
-        learn_published(self.admission, self.node, self.run_name)
+        admitted = {h.peer_id for h in self.heartbeats()} | {self.node.peer_id}
+        learn_published(self.admission, self.node, self.run_name, prefer=admitted)
         held = self.admission.revocations()
         if held:
             ttl_s = max(self.ttl_s, 3 * REVOCATION_EVERY * self.period_s)

@@ -175,3 +175,18 @@ def test_the_dht_validator_stores_a_peers_own_revocation_record_only() -> None:
     check_record(record(key, ALICE, alice.seal(key, ALICE, expiration, body), expiration), time.time())
     with pytest.raises(envelope.EnvelopeError, match="wrong-owner"):
         check_record(record(key, ALICE, eve.seal(key, ALICE, expiration, body), expiration), time.time())
+
+
+def test_admitted_publishers_are_read_before_strangers_who_fill_the_bound() -> None:
+    dht = FakeDHT()
+    text = revoke(OWNER, "swarm", BOB).encode()
+    alice = PEERS[0]
+    # strangers whose peer ids sort before Alice's, enough to fill the publishers a read looks at
+    signers = (Signer(SigningKey(i.to_bytes(2, "big") * 16)) for i in range(1000, 2000))
+    strangers = [s for s in signers if s.peer_id < ALICE][: revocation.MAX_PUBLISHERS]
+    assert len(strangers) == revocation.MAX_PUBLISHERS
+    for s in strangers:
+        revocation.publish(dht, "swarm", [], 30, s)
+    revocation.publish(dht, "swarm", [text], 30, alice)
+    assert revocation.read(dht, "swarm") == []  # Alice's record is past the bound
+    assert revocation.read(dht, "swarm", prefer={ALICE}) == [text]

@@ -3,7 +3,8 @@
 `p2p-trainer revoke` signs, with an owner key, the swarm's name and the revoked peer id (the same
 conventions as an invitation: a domain prefix, msgpack, Ed25519). A revocation from any of the
 swarm's `owners` refuses that peer id in that swarm whatever invitation it carries; it has no
-expiry (remove it from the config to lift it; the peer then needs an invitation again).
+expiry. Running peers keep the revocations they learn and pass them on, so lifting one takes
+removing it from every peer's config and restarting the swarm once the published records expire.
 
 Peers learn revocations two ways. Operators list them in `security.revoked`, which is not part
 of the run definition, so adding one does not split the swarm. And every peer of a closed swarm
@@ -115,9 +116,15 @@ def revocations_key(swarm: str) -> str:
     return f"{records.KEY_PREFIX}/{swarm}/revocations"
 
 
-def publish(dht: records.DHTLike, swarm: str, texts: list[str], ttl_s: float, signer: Signer) -> bool:
-    """Store up to `MAX_PER_RECORD` of `texts` under this peer's subkey of the swarm's key."""
-    body = records.pack({"revoked": sorted(texts)[:MAX_PER_RECORD]})
+def publish(
+    dht: records.DHTLike, swarm: str, texts: list[str], ttl_s: float, signer: Signer, turn: int = 0
+) -> bool:
+    """Store `MAX_PER_RECORD` of `texts` under this peer's subkey of the swarm's key: the
+    `turn`-th window of them in sorted order, so that successive turns carry every one (readers
+    keep what they learn)."""
+    ordered = sorted(texts)
+    start = (turn * MAX_PER_RECORD) % len(ordered) if len(ordered) > MAX_PER_RECORD else 0
+    body = records.pack({"revoked": (ordered[start:] + ordered[:start])[:MAX_PER_RECORD]})
     key = revocations_key(swarm)
     return records.seal_and_store(dht, signer, key, signer.peer_id, body, records.now() + ttl_s)
 

@@ -185,12 +185,7 @@ class SwarmView:
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
 
     def _refresh(self) -> None:
-        if self.admission.mode == "invitations" and self._refreshes % REVOCATION_EVERY == 0:
-            try:
-                self._share_revocations()
-            except (records.RecordError, TimeoutError, RuntimeError) as exc:  # the heartbeat still goes out
-                logger.warning("sharing the swarm's revocations failed: %s", exc)
-        self._refreshes += 1
+        turn, self._refreshes = self._refreshes, self._refreshes + 1
         try:
             records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s, self.node.signer)
             peers, left = self._read()
@@ -199,20 +194,28 @@ class SwarmView:
             return
         with self._lock:
             self._peers, self._left = peers, left
+        # after the heartbeat (a slow DHT call here must not let it expire in others' views) and
+        # after the read (the admitted peers just read are the publishers to trust first)
+        if self.admission.mode == "invitations" and turn % REVOCATION_EVERY == 0:
+            try:
+                self._share_revocations(turn // REVOCATION_EVERY)
+            except (records.RecordError, TimeoutError, RuntimeError) as exc:
+                logger.warning("sharing the swarm's revocations failed: %s", exc)
         others = {h.peer_id for h in peers} - {self.node.peer_id}
         self._known |= others
         if not others and self._known:
             self._reconnect()
 
-    def _share_revocations(self) -> None:
-        """Learn the revocations the swarm published, republish those held, and note if one
-        names this peer (its heartbeats are then dropped by every peer that holds it)."""
+    def _share_revocations(self, turn: int) -> None:
+        """Learn the revocations the swarm published, republish those held (the `turn`-th share:
+        a record carries a few, so successive shares rotate through them), and note if one names
+        this peer (its heartbeats are then dropped by every peer that holds it)."""
         admitted = {h.peer_id for h in self.heartbeats()} | {self.node.peer_id}
         learn_published(self.admission, self.node, self.run_name, prefer=admitted)
         held = self.admission.revocations()
         if held:
             ttl_s = max(self.ttl_s, 3 * REVOCATION_EVERY * self.period_s)
-            revocation.publish(self.node, self.run_name, held, ttl_s, self.node.signer)
+            revocation.publish(self.node, self.run_name, held, ttl_s, self.node.signer, turn)
         if self.refused_self is None and self.admission.revoked_by(self.node.peer_id) is not None:
             self.refused_self = self.admission.refusal(self.node.peer_id, self.invitation)
             logger.error("this swarm now refuses this peer: %s", self.refused_self)

@@ -190,3 +190,17 @@ def test_admitted_publishers_are_read_before_strangers_who_fill_the_bound() -> N
     revocation.publish(dht, "swarm", [text], 30, alice)
     assert revocation.read(dht, "swarm") == []  # Alice's record is past the bound
     assert revocation.read(dht, "swarm", prefer={ALICE}) == [text]
+
+
+def test_successive_shares_carry_every_held_revocation() -> None:
+    dht = FakeDHT()
+    held = [
+        revoke(OWNER, "swarm", Signer(SigningKey(bytes([120 + i]) * 32)).peer_id).encode() for i in range(20)
+    ]
+    learned: set[str] = set()
+    for turn in range(3):  # 3 records of 8 cover 20
+        revocation.publish(dht, "swarm", held, 30, PEERS[0], turn)
+        learned |= set(revocation.read(dht, "swarm"))
+    assert learned == set(held)
+    revocation.publish(dht, "swarm", held[:3], 30, PEERS[0], turn=5)  # fewer than a record holds
+    assert sorted(revocation.read(dht, "swarm")) == sorted(held[:3])

@@ -23,7 +23,6 @@ like an uninvited one.
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
@@ -31,12 +30,10 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgpack
-import nacl.exceptions
 import nacl.signing
 
 from p2p_trainer.config.security import MAX_REVOKED, SecurityConfig
-from p2p_trainer.net import revocation
+from p2p_trainer.net import owner_text, revocation
 from p2p_trainer.net.envelope import READ_DROPS
 from p2p_trainer.net.identity import peer_id_from_public_key
 from p2p_trainer.net.records import MAX_INVITATION_CHARS, DHTLike
@@ -44,7 +41,6 @@ from p2p_trainer.net.records import MAX_INVITATION_CHARS, DHTLike
 logger = logging.getLogger(__name__)
 
 DOMAIN = b"p2p-trainer/invitation/v1\x00"
-_MAX_NAME_CHARS = 128
 
 
 class InvitationError(ValueError):
@@ -74,20 +70,12 @@ class Invitation:
             "o": self.owner_public_key,
             "g": self.signature,
         }
-        return base64.urlsafe_b64encode(msgpack.packb(fields, use_bin_type=True)).decode()
+        return owner_text.encode(fields)
 
     @staticmethod
     def decode(text: str) -> Invitation:
         """Parse (not verify) an invitation; raises `InvitationError` for anything malformed."""
-        if not isinstance(text, str) or not 0 < len(text) <= MAX_INVITATION_CHARS:
-            raise InvitationError(f"an invitation is 1 to {MAX_INVITATION_CHARS} characters of text")
-        try:
-            raw = base64.urlsafe_b64decode(text.strip().encode("ascii"))
-            fields = msgpack.unpackb(raw, raw=False, max_str_len=_MAX_NAME_CHARS, max_bin_len=64)
-        except Exception:  # base64, ascii and msgpack each raise their own types for malformed input
-            raise InvitationError("not an invitation written by `p2p-trainer invite`") from None
-        if not isinstance(fields, dict):
-            raise InvitationError("not an invitation written by `p2p-trainer invite`")
+        fields = owner_text.decode(text, MAX_INVITATION_CHARS, "an invitation", "invite", InvitationError)
         swarm, peer, expires = fields.get("s"), fields.get("p"), fields.get("e")
         owner, signature = fields.get("o"), fields.get("g")
         if not (isinstance(swarm, str) and isinstance(peer, str) and isinstance(expires, int | float)):
@@ -100,21 +88,16 @@ class Invitation:
 
     def verify(self) -> None:
         """Raise `InvitationError` unless the owner's key signed exactly this invitation."""
-        try:
-            nacl.signing.VerifyKey(self.owner_public_key).verify(_message(self), self.signature)
-        except (nacl.exceptions.BadSignatureError, nacl.exceptions.CryptoError):
-            raise InvitationError("its signature does not verify with the owner key it names") from None
+        owner_text.verify(self.owner_public_key, _message(self), self.signature, InvitationError)
 
 
 def _message(inv: Invitation) -> bytes:
-    body = msgpack.packb([inv.swarm, inv.peer_id, inv.expires], use_bin_type=True)
-    return DOMAIN + bytes(body)
+    return owner_text.signed_bytes(DOMAIN, [inv.swarm, inv.peer_id, inv.expires])
 
 
 def issue(owner_key: nacl.signing.SigningKey, swarm: str, peer_id: str, expires: float) -> Invitation:
     """An invitation for `peer_id` to `swarm` until `expires`, signed with `owner_key`."""
-    if not 0 < len(swarm) <= _MAX_NAME_CHARS or not 0 < len(peer_id) <= _MAX_NAME_CHARS:
-        raise InvitationError(f"a swarm name and a peer id have 1 to {_MAX_NAME_CHARS} characters")
+    owner_text.check_names(swarm, peer_id, InvitationError)
     unsigned = Invitation(swarm, peer_id, float(expires), bytes(owner_key.verify_key), b"")
     signature = owner_key.sign(_message(unsigned)).signature
     return Invitation(swarm, peer_id, float(expires), unsigned.owner_public_key, signature)

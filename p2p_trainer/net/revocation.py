@@ -1,7 +1,7 @@
 """Revocations: a swarm owner withdrawing a peer's admission before its invitation expires.
 
 `p2p-trainer revoke` signs, with an owner key, the swarm's name and the revoked peer id (the same
-conventions as an invitation: a domain prefix, msgpack, Ed25519). A revocation from any of the
+conventions as an invitation, `owner_text.py`). A revocation from any of the
 swarm's `owners` refuses that peer id in that swarm whatever invitation it carries; it has no
 expiry. Running peers keep the revocations they learn and pass them on, so lifting one takes
 removing it from every peer's config and restarting the swarm once the published records expire.
@@ -17,22 +17,18 @@ this peer's own owner list: a publisher can only repeat an owner's statement, ne
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-import msgpack
-import nacl.exceptions
 import nacl.signing
 
-from p2p_trainer.net import records
+from p2p_trainer.net import owner_text, records
 from p2p_trainer.net.envelope import READ_DROPS, Signer
 from p2p_trainer.net.identity import peer_id_from_public_key
 
 DOMAIN = b"p2p-trainer/revocation/v1\x00"
 MAX_REVOCATION_CHARS = 400
 """Longest revocation text (about 230 characters; 390 with a swarm name of the longest kind)."""
-_MAX_NAME_CHARS = 128
 MAX_PER_RECORD = 8
 """Revocations one published record carries (8 of the longest fit `records.MAX_RECORD_BYTES`)."""
 MAX_PUBLISHERS = 64
@@ -58,20 +54,12 @@ class Revocation:
 
     def encode(self) -> str:
         fields = {"s": self.swarm, "p": self.peer_id, "o": self.owner_public_key, "g": self.signature}
-        return base64.urlsafe_b64encode(msgpack.packb(fields, use_bin_type=True)).decode()
+        return owner_text.encode(fields)
 
     @staticmethod
     def decode(text: object) -> Revocation:
         """Parse (not verify) a revocation; raises `RevocationError` for anything malformed."""
-        if not isinstance(text, str) or not 0 < len(text) <= MAX_REVOCATION_CHARS:
-            raise RevocationError(f"a revocation is 1 to {MAX_REVOCATION_CHARS} characters of text")
-        try:
-            raw = base64.urlsafe_b64decode(text.strip().encode("ascii"))
-            fields = msgpack.unpackb(raw, raw=False, max_str_len=_MAX_NAME_CHARS, max_bin_len=64)
-        except Exception:  # base64, ascii and msgpack each raise their own types for malformed input
-            raise RevocationError("not a revocation written by `p2p-trainer revoke`") from None
-        if not isinstance(fields, dict):
-            raise RevocationError("not a revocation written by `p2p-trainer revoke`")
+        fields = owner_text.decode(text, MAX_REVOCATION_CHARS, "a revocation", "revoke", RevocationError)
         swarm, peer, owner, signature = (fields.get(k) for k in ("s", "p", "o", "g"))
         if not (isinstance(swarm, str) and isinstance(peer, str)):
             raise RevocationError("a revocation names a swarm and a peer id")
@@ -83,20 +71,16 @@ class Revocation:
 
     def verify(self) -> None:
         """Raise `RevocationError` unless the owner's key signed exactly this revocation."""
-        try:
-            nacl.signing.VerifyKey(self.owner_public_key).verify(_message(self), self.signature)
-        except (nacl.exceptions.BadSignatureError, nacl.exceptions.CryptoError):
-            raise RevocationError("its signature does not verify with the owner key it names") from None
+        owner_text.verify(self.owner_public_key, _message(self), self.signature, RevocationError)
 
 
 def _message(rev: Revocation) -> bytes:
-    return DOMAIN + bytes(msgpack.packb([rev.swarm, rev.peer_id], use_bin_type=True))
+    return owner_text.signed_bytes(DOMAIN, [rev.swarm, rev.peer_id])
 
 
 def revoke(owner_key: nacl.signing.SigningKey, swarm: str, peer_id: str) -> Revocation:
     """A revocation of `peer_id` in `swarm`, signed with `owner_key`."""
-    if not 0 < len(swarm) <= _MAX_NAME_CHARS or not 0 < len(peer_id) <= _MAX_NAME_CHARS:
-        raise RevocationError(f"a swarm name and a peer id have 1 to {_MAX_NAME_CHARS} characters")
+    owner_text.check_names(swarm, peer_id, RevocationError)
     unsigned = Revocation(swarm, peer_id, bytes(owner_key.verify_key), b"")
     return Revocation(swarm, peer_id, unsigned.owner_public_key, owner_key.sign(_message(unsigned)).signature)
 

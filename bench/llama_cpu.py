@@ -59,6 +59,7 @@ from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, RunConfig, 
 from p2p_trainer.config.toml_io import to_toml
 from p2p_trainer.round_log import RoundRecord, read_log
 from p2p_trainer.run.launcher import thread_env
+from p2p_trainer.train.data import Corpus
 from p2p_trainer.train.model import build_model
 
 FULL = ModelConfig(arch="llama", vocab_size=8192, d_model=512, n_layers=6, n_heads=8, seq_len=256)
@@ -98,29 +99,47 @@ def threads_per_worker() -> int:
     return max(1, (os.cpu_count() or 1) // PEERS)
 
 
+class BareLoop:
+    """The plain torch loop both comparisons run: the config's model from its seed, the peer's
+    optimizer (fused AdamW, as `Peer` builds it on the CPU) and stream `key` of the corpus."""
+
+    def __init__(self, cfg: RunConfig, corpus: Corpus, key: str) -> None:
+        from p2p_trainer.train.data import TokenStream
+
+        self.stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, key)
+        self.model = build_model(cfg.model, cfg.seed)
+        inner = cfg.inner
+        self.grad_clip = inner.grad_clip
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=inner.lr,
+            betas=inner.betas,
+            weight_decay=inner.weight_decay,
+            fused=True,
+        )
+
+    def step(self) -> torch.Tensor:
+        x, y = self.stream.next_batch()
+        loss: torch.Tensor = self.model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+
 def bare_worker(config: Path, key: str, seconds: float, result: Path) -> None:
     """One bare loop in this process, for `seconds`, with a peer's torch threads; writes its timing."""
-    from p2p_trainer.train.data import TokenStream, check_corpus
+    from p2p_trainer.train.data import check_corpus
 
     torch.set_num_threads(threads_per_worker())
     cfg = load_config(str(config))
-    corpus = check_corpus(cfg)
-    stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, key)
-    model = build_model(cfg.model, cfg.seed)
-    inner = cfg.inner
-    opt = torch.optim.AdamW(  # the peer's optimizer: fused, as `Peer` builds it on the CPU
-        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay, fused=True
-    )
+    bare = BareLoop(cfg, check_corpus(cfg), key)
     steps, t0, end, loss = 0, 0.0, time.monotonic() + seconds, torch.zeros(())
     while time.monotonic() < end or steps <= WARMUP_STEPS:
         if steps == WARMUP_STEPS:
             t0 = time.monotonic()
-        x, y = stream.next_batch()
-        loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), inner.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = bare.step()
         steps += 1
     timed = steps - WARMUP_STEPS
     tokens = timed * cfg.data.batch_size * cfg.model.seq_len
@@ -134,31 +153,18 @@ def paired_worker(config: Path, steps: int, result: Path) -> None:
     alternating in one process on the same model shape and stream: what the training code costs
     by itself, apart from the node processes and exchanges a swarm adds."""
     from p2p_trainer.exchange.inprocess import InProcessSwarm
-    from p2p_trainer.train.data import TokenStream, check_corpus
+    from p2p_trainer.train.data import check_corpus
     from p2p_trainer.train.trainer import Peer, RoundReport
 
     torch.set_num_threads(threads_per_worker())
     cfg = load_config(str(config))
     corpus = check_corpus(cfg)
     peer = Peer(cfg, InProcessSwarm(1, cfg.seed).exchange(0), corpus, "peer0")
-    model = build_model(cfg.model, cfg.seed)
-    inner = cfg.inner
-    opt = torch.optim.AdamW(  # the peer's optimizer: fused, as `Peer` builds it on the CPU
-        model.parameters(), lr=inner.lr, betas=inner.betas, weight_decay=inner.weight_decay, fused=True
-    )
-    stream = TokenStream(corpus.train, cfg.model.seq_len, cfg.data.batch_size, cfg.seed, "peer0")
+    bare = BareLoop(cfg, corpus, "peer0")
     report = RoundReport(0)
-
-    def bare() -> None:
-        x, y = stream.next_batch()
-        model(x, y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), inner.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
     times = {"bare": 0.0, "peer": 0.0}
     for i in range(WARMUP_STEPS + steps):
-        for name, step in (("bare", bare), ("peer", lambda: peer.inner_step(report))):
+        for name, step in (("bare", bare.step), ("peer", lambda: peer.inner_step(report))):
             t0 = time.monotonic()
             step()
             if i >= WARMUP_STEPS:

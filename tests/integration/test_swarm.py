@@ -55,13 +55,14 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
     assert swarm.boot is not None
     children = [swarm.boot]
     try:
-        # a joiner spends its first seconds in rounds that others, not yet seeing its heartbeat,
-        # do not wait for (a few failed exchanges, whatever the window); the window is long enough
-        # that the rounds after that, which the test is about, are most of the joiner's rounds
-        limit = ["--minutes", "1.0"]
+        # Each peer's time limit counts from its own join. The others' limit leaves the late peer,
+        # which joins after the swarm's fourth round plus its own start-up and state download (up
+        # to ~25 s on a loaded 2-core machine), time to finish while they still train, so its last
+        # rounds are not judged against peers that have already left.
+        limit = ["--minutes", "1.25"]
         children += [swarm.start_peer(i, limit) for i in range(3)]
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 4, 180), "the swarm did not get going"
-        late_limit = ["--minutes", "0.6", "--wait-for-peers", "1"]  # ends before the others do
+        late_limit = ["--minutes", "0.5", "--wait-for-peers", "1"]  # ends before the others do
         children.append(swarm.start_peer(3, late_limit))
         assert wait_until(lambda: len(rounds_of(tmp_path, 3)) >= 1, 180)
         held = held_sockets([c.pid for c in children])
@@ -71,10 +72,16 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
         swarm.stop(peer_timeout_s=20, boot_timeout_s=20)
     late = rounds_of(tmp_path, 3)
     assert late and late[0].round >= 4, "the late peer did not adopt the swarm's round"
-    # it caught up with the round in progress (fewer tokens in its first round) and then mixes
-    # with the others: its Mix1/Mix2 exchanges merged in most rounds
+    # It caught up with the round in progress and then mixes with the others. Its first rounds may
+    # fail whatever the window: the others do not wait for it until its heartbeat reaches their
+    # views, a few seconds that are many tiny rounds on a fast machine and few on a slow one. From
+    # its first merge on, its Mix1/Mix2 exchanges merge in most rounds.
     merged = [any(e.ok and e.group_size >= 2 for e in r.exchanges) for r in late]
-    assert sum(merged) >= 0.6 * len(merged), f"the late peer merged in {sum(merged)} of {len(merged)} rounds"
+    assert True in merged, f"the late peer never merged in {len(merged)} rounds"
+    after = merged[merged.index(True) :]
+    assert len(after) >= 3 and sum(after) >= 0.75 * len(after), (
+        f"merged in {sum(after)} of {len(after)} rounds"
+    )
     finals = [final_of(tmp_path, i) for i in range(4)]
     assert all(f is not None for f in finals)
     losses = [f.val_loss for f in finals if f is not None and f.val_loss is not None]

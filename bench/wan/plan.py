@@ -68,6 +68,10 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
             family="candidate",
         ),
         Variant("cand-factored-int8", "factored", {**align, **int8}, family="candidate"),
+        # DiLoCo whose all-reduce runs behind the next round's inner steps (one fragment)
+        Variant(
+            "cand-diloco-overlap-int8", "diloco", {"overlap": True, **CANONICAL, **int8}, family="candidate"
+        ),
     ]
     out += [
         Variant("hivemind", "hivemind", {"delay_state_averaging": True}, family="hivemind"),

@@ -5,7 +5,8 @@ parameter order). Round r averages fragment p = r mod P over all peers: Δ_p = �
 DiLoCo's Nesterov step on (φ_p, m_p) only. Each fragment is averaged every P rounds and a round
 moves 1/P of the model, so the link's peak load falls by P.
 
-With overlap (`outer.fragment_overlap`, the default) the fragment's exchange is started at the
+With overlap (`outer.fragment_overlap`, the default for P > 1; `outer.overlap` for P = 1, where
+the one fragment is the whole model: overlapped DiLoCo) the fragment's exchange is started at the
 round's end and runs behind the next round's inner steps; its outer step lands at that round's
 end: φ_p, m_p ← step(φ_p, m_p, mean Δ_p), and θ_p ← φ_p + (θ_p − θ_p at the exchange's start),
 so the inner steps made while the exchange was under way are kept on top of the new anchor. A
@@ -61,7 +62,7 @@ class _InFlight:
 
 
 class StreamingDiLoCo(DiLoCo):
-    """DiLoCo with `outer.fragments` > 1 (see the module docstring)."""
+    """DiLoCo with `outer.fragments` > 1, or with `outer.overlap` (one fragment: the whole model)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -87,7 +88,7 @@ class StreamingDiLoCo(DiLoCo):
         p = state.round % cfg.fragments
         chosen = self._fragments[p]
         delta = [anchor[i] - fast[i] for i in chosen]
-        if cfg.fragment_overlap:
+        if cfg.overlaps_outer_step:
             self._flight = self._launch(p, delta, [fast[i].clone() for i in chosen], state, weight)
         else:
             res = self._average(delta, TAG, state.round, ALL, weight, report, step=p)

@@ -99,6 +99,12 @@ class OuterConfig:
     fragment_overlap: bool = True
     """With fragments > 1: a fragment's exchange runs behind the next round's inner steps and its
     outer step lands at that round's end, keeping the inner steps made meanwhile (§1)."""
+    overlap: bool = False
+    """DiLoCo with fragments = 1: the all-reduce of Δ runs behind the next round's inner steps and
+    its outer step lands at that round's end, keeping the inner steps made meanwhile (§1: Streaming
+    DiLoCo's overlap with the whole model as one fragment). A slow link's all-reduce then costs no
+    blocked time; each outer step lands one round late. With fragments > 1, fragment_overlap
+    decides."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
@@ -143,6 +149,14 @@ class OuterConfig:
             f"outer.fragments={self.fragments} applies to method diloco only; set it to 1 for {self.method}",
         )
         require(
+            not self.overlap or self.method == "diloco",
+            f"outer.overlap applies to method diloco only; set it to false for {self.method}",
+        )
+        require(
+            not self.overlap or self.fragments == 1,
+            f"outer.overlap is for fragments = 1; with fragments={self.fragments} use outer.fragment_overlap",
+        )
+        require(
             all(isinstance(p, str) and p for p in self.mix2_tensors),
             f"outer.mix2_tensors={self.mix2_tensors!r}: use non-empty name patterns like 'blocks.0.*'",
         )
@@ -154,6 +168,13 @@ class OuterConfig:
             self.target_tokens_per_round >= 0,
             f"outer.target_tokens_per_round={self.target_tokens_per_round}: use >= 0 (0 disables)",
         )
+
+    @property
+    def overlaps_outer_step(self) -> bool:
+        """DiLoCo's Δ exchange runs behind the next round's inner steps (whole model or fragments)."""
+        if self.method != "diloco":
+            return False
+        return self.fragment_overlap if self.fragments > 1 else self.overlap
 
     @property
     def effective_gamma(self) -> float:
@@ -217,6 +238,8 @@ class RunConfig:
             definition["target_tokens_per_round"] = self.outer.target_tokens_per_round
         if self.outer.fragments > 1:  # fragments of different cuts would not fit one another
             definition["fragments"] = self.outer.fragments
+        if self.outer.overlaps_outer_step:  # a blocking and a background all-reduce would not meet
+            definition["overlap"] = True
         if self.outer.mix2_tensors:  # peers mixing different subsets would send different sizes
             definition["mix2_tensors"] = list(self.outer.mix2_tensors)
         grid = self.exchange.codec_grid()

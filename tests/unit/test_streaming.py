@@ -132,3 +132,44 @@ def test_a_streaming_swarm_learns_in_process() -> None:
     last = [h[-1].train_loss for h in res.history]
     assert all(b < a - 0.3 for a, b in zip(first, last, strict=True)), (first, last)
     assert res.mean_model_val_loss < 5.0
+
+
+def test_overlap_is_diloco_with_one_fragment_behind_the_next_round() -> None:
+    with pytest.raises(ConfigError, match="applies to method diloco only"):
+        OuterConfig.for_method("noloco", overlap=True)
+    with pytest.raises(ConfigError, match=r"use outer\.fragment_overlap"):
+        OuterConfig.for_method("diloco", fragments=2, overlap=True)
+    base = RunConfig(outer=OuterConfig.for_method("diloco"))
+    overlapped = dataclasses.replace(base, outer=OuterConfig.for_method("diloco", overlap=True))
+    assert overlapped.run_definition()["overlap"] is True and "overlap" not in base.run_definition()
+    cfg = OuterConfig.for_method("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=0)
+    partner = _Partner()
+    method = build_method(cfg, partner, xcfg=ExchangeConfig())  # type: ignore[arg-type]
+    params = [torch.zeros(4), torch.zeros(2)]
+    state = OuterState.from_params(params)
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(0))
+    # the whole model's Δ is on its way (one request, both tensors); nothing has landed yet
+    assert partner.requests == [("fragment", 0, 0, [4, 2])]
+    assert all(torch.equal(a, torch.zeros_like(a)) for a in state.anchor)
+    assert torch.equal(params[0], torch.full((4,), -1.0)) and state.round == 1
+    method.begin_round(state, 1.0)
+    _train(params, 2.0)
+    method.end_round(params, state, 1.0, RoundReport(1))
+    # round 0's mean Δ (1/2) landed: φ = −0.5, and θ keeps round 1's own steps (−2) on top of it;
+    # then round 1's Δ (φ − θ = 2) is sent, the whole model again
+    assert all(torch.equal(a, torch.full_like(a, -0.5)) for a in state.anchor)
+    assert torch.equal(params[0], torch.full((4,), -2.5)) and torch.equal(params[1], torch.full((2,), -2.5))
+    assert partner.requests[1] == ("fragment", 1, 0, [4, 2])
+
+
+def test_an_overlapped_diloco_swarm_learns_in_process() -> None:
+    cfg = tiny_config("diloco", rounds=8, h=5)
+    cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, overlap=True))
+    res = run_inprocess(cfg, 2)
+    assert res.failed_exchanges == 0
+    first = [h[0].train_loss for h in res.history]
+    last = [h[-1].train_loss for h in res.history]
+    assert all(b < a - 0.3 for a, b in zip(first, last, strict=True)), (first, last)
+    assert res.mean_model_val_loss < 5.0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from safetensors.torch import save
 
 from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Ok
 from p2p_trainer.net.transport import Transport
+from p2p_trainer.train.atomic_files import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -178,22 +178,16 @@ class RecordingTap(ExchangeTap):
         else:
             rec = dataclasses.replace(rec, reason=result.reason)
         data = save(tensors, metadata={"record": json.dumps(dataclasses.asdict(rec))})
-        _atomic_write(self.directory / f"{seq:06d}.safetensors", data)
+        atomic_write_bytes(self.directory / f"{seq:06d}.safetensors", data)
 
     def close(self, counters: TransportCounters) -> None:
         text = json.dumps(dataclasses.asdict(counters))
-        _atomic_write(self.directory / TRANSPORT_FILE, text.encode())
+        atomic_write_bytes(self.directory / TRANSPORT_FILE, text.encode())
 
 
 def open_tap(directory: Path | None, peer: str) -> ExchangeTap:
     """A recording tap writing to `directory`, or `NO_TAP` without one."""
     return NO_TAP if directory is None else RecordingTap(directory, peer)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def read_tapped(directory: Path) -> list[TappedExchange]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from p2p_trainer.config import RunConfig, to_toml
 from p2p_trainer.processes import Child, reap_tree
+from p2p_trainer.run.progress_file import PROGRESS_FILE
 from p2p_trainer.train.checkpoint import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -302,6 +303,9 @@ class LocalSwarm:
         extra = [*self._metrics_args(i), *extra]  # a test's own --metrics-port comes last and wins
         argv = join_argv(peer_args(self.opts, i, extra=extra), self.initial_peers)
         log = self.opts.run_dir / f"peer{i}" / "log.txt"
+        # a reused run directory (or a restart) holds the last process's progress, which the live
+        # table would show until the new process has imported enough to write "starting"
+        (self.opts.run_dir / f"peer{i}" / PROGRESS_FILE).unlink(missing_ok=True)
         self.peers[i] = self._start(Child(f"peer{i}", argv, log, thread_env(self.opts.torch_threads)))
         return self.peers[i]
 

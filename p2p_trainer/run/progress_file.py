@@ -56,6 +56,8 @@ class ProgressFile:
         self._written: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = 0
+        """Failed writes in a row: only the first is logged, and the recovery."""
 
     def phase(self, phase: str) -> None:
         if phase not in PHASES:
@@ -86,7 +88,13 @@ class ProgressFile:
                 atomic_write_text(self.path, json.dumps({**state, "unix_time": time.time()}))
                 self._written = state
         except Exception:
-            logger.exception("writing %s failed", self.path)
+            self._failures += 1
+            if self._failures == 1:  # a full or failing disk fails every second: say it once
+                logger.exception("writing %s failed (repeats are not logged until it works again)", self.path)
+            return
+        if self._failures:
+            logger.warning("writing %s works again after %d failed writes", self.path, self._failures)
+            self._failures = 0
 
     def close(self) -> None:
         self._stop.set()

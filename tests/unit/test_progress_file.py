@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
+from p2p_trainer.run.launcher import LocalSwarm, local_options
 from p2p_trainer.run.local_swarm import peer_rows, render
 from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile, peer_state, read_progress
 from p2p_trainer.train.metrics import MetricsWriter
-from tests.conftest import wait_until
+from tests.conftest import tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -125,3 +126,39 @@ def test_a_peer_ended_by_a_stop_signal_shows_stopped(exit_code: int) -> None:
 @pytest.mark.parametrize("exit_code", [1, -9, 137])
 def test_a_peer_that_crashed_or_was_killed_shows_failed(exit_code: int) -> None:
     assert peer_state(None, None, exit_code) == "failed"
+
+
+def test_a_failing_disk_is_logged_once_leaves_no_temp_files_and_recovery_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    target = run_dir / PROGRESS_FILE
+    target.mkdir()  # a directory where the file should be: every rename over it fails
+    progress = ProgressFile(target, period_s=3600)  # written here, not by its thread
+    steps = iter(range(1, 100))
+    progress.follow(lambda: Progress(round=1, round_step=next(steps), round_steps=50))
+    with caplog.at_level("WARNING", logger="p2p_trainer.run.progress_file"):
+        for _ in range(5):
+            progress.write()
+        failed = [r for r in caplog.records if "failed" in r.getMessage()]
+        assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+        assert sorted(p.name for p in run_dir.iterdir()) == [PROGRESS_FILE], "temporary files left behind"
+        target.rmdir()
+        progress.write()
+    assert any("works again after 5 failed writes" in r.getMessage() for r in caplog.records)
+    progress.close()
+    found = read_progress(target)
+    assert found is not None and found[1].round_step == 6
+
+
+def test_a_restarted_peer_does_not_show_its_last_life_s_progress(tmp_path: Path) -> None:
+    opts = local_options(tmp_path, tiny_config("independent", rounds=1), peers=1)
+    stale = tmp_path / "peer0" / PROGRESS_FILE
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"phase": "done", "round": 7, "round_step": 3, "round_steps": 3, "step": 21}))
+    with LocalSwarm(opts) as swarm:
+        swarm.start_peer(0)
+        found = read_progress(stale)
+        # gone before the new process starts; what is there now can only be its own "starting"
+        assert found is None or found[0] == "starting", found

@@ -86,7 +86,8 @@ def simulate(
 def _run_published(out_dir: str | None) -> None:
     from p2p_trainer.lab.sim.calibration import PUBLISHED, published_scenario
     from p2p_trainer.lab.sim.engine import simulate as run_simulation
-    from p2p_trainer.lab.sim.output import atomic_write, published_table
+    from p2p_trainer.lab.sim.output import published_table
+    from p2p_trainer.train.atomic_files import atomic_write_bytes
 
     rows = []
     for point in PUBLISHED:
@@ -95,7 +96,7 @@ def _run_published(out_dir: str | None) -> None:
     table = published_table(rows)
     click.echo(table, nl=False)
     if out_dir:
-        atomic_write(Path(out_dir) / "published.md", table.encode())
+        atomic_write_bytes(Path(out_dir) / "published.md", table.encode())
         click.echo(f"wrote {Path(out_dir) / 'published.md'}")
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,21 +19,7 @@ from p2p_trainer.lab.sim.calibration import PublishedPoint
 from p2p_trainer.lab.sim.scenario import Scenario
 from p2p_trainer.lab.sim.surrogate import SurrogateResult
 from p2p_trainer.lab.sim.timing import MethodResult
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to a temp file next to `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from p2p_trainer.train.atomic_files import atomic_write_bytes
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -155,6 +139,6 @@ def write_report(
         written["surrogate.png"] = plot_surrogate(surrogate)
     paths = []
     for name, data in written.items():
-        atomic_write(out_dir / name, data)
+        atomic_write_bytes(out_dir / name, data)
         paths.append(out_dir / name)
     return paths

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from p2p_trainer.lab.sim import Scenario, simulate
 from p2p_trainer.lab.sim.command import simulate as simulate_command
-from p2p_trainer.lab.sim.output import atomic_write
+from p2p_trainer.train.atomic_files import atomic_write_bytes
 
 SMALL = ["--num-chips", "64", "--num-peers", "8", "--chips-per-slice", "8", "--horizon-s", "7200"]
 
@@ -48,8 +48,8 @@ def test_command_reports_invalid_scenario_as_usage_error() -> None:
 
 def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
     path = tmp_path / "f.txt"
-    atomic_write(path, b"first version, longer")
-    atomic_write(path, b"second")
+    atomic_write_bytes(path, b"first version, longer")
+    atomic_write_bytes(path, b"second")
     assert path.read_bytes() == b"second"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
 

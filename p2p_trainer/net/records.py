@@ -242,12 +242,30 @@ def _count(fields: dict[str, object], name: str, bound: int) -> int:
     return value
 
 
+MAX_WORD_CHARS = 32
+"""A display-only word longer than this is malformed, not a word of a newer version."""
+_unknown_words: set[tuple[str, str]] = set()
+"""(field, word) pairs already logged; bounded by `MAX_LOGGED_WORDS`."""
+MAX_LOGGED_WORDS = 64
+
+
 def _word(fields: dict[str, object], name: str, vocabulary: tuple[str, ...]) -> str:
-    """An optional field holding one word of `vocabulary` ("" where absent)."""
+    """An optional display-only field holding one word of `vocabulary` ("" where absent).
+
+    A short word this version does not know reads as "" (not reported) instead of refusing the
+    heartbeat: a newer peer may report a word added later (say a new reachability), and during a
+    rolling upgrade it must not look dead to this one for a field only `status` shows."""
     value = fields.get(name, "")
-    if not isinstance(value, str) or value not in vocabulary:
+    if not isinstance(value, str) or len(value) > MAX_WORD_CHARS:
         shown = repr(value)[:40]  # a forged value may be long: the log line stays short
         raise RecordError(f"field {name!r} = {shown} is none of {', '.join(map(repr, vocabulary))}")
+    if value not in vocabulary:
+        if (name, value) not in _unknown_words and len(_unknown_words) < MAX_LOGGED_WORDS:
+            _unknown_words.add((name, value))
+            logger.info(
+                "a heartbeat's %s %r is not a word this version knows: shown as not reported", name, value
+            )
+        return ""
     return value
 
 

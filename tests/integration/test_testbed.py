@@ -27,7 +27,7 @@ from p2p_trainer.lab.testbed import (
     uniform_hosts,
 )
 from p2p_trainer.lab.testbed import netns as tb_netns
-from p2p_trainer.lab.testbed.measure import PROBE_PATH
+from p2p_trainer.lab.testbed.measure import PROBE_PATH, TransferResult
 from tests.conftest import TestbedFactory, skip_unless_supported
 
 APPS = Path(__file__).with_name("testbed_apps")
@@ -73,18 +73,25 @@ def test_transfer_takes_bytes_over_rate(testbed_factory: TestbedFactory) -> None
     assert 0.97 <= result.ratio_to_bound <= 1.15, tries
 
 
-@pytest.mark.timeout(40)
+def _fastest(tb: Testbed, src: str, dst: str, n_bytes: int) -> TransferResult:
+    """The faster of two transfers: a busy machine can only add time (a CI run once read 1.31 for
+    a 0.8 s transfer), while a cap that leaks or chokes shows in both."""
+    tries = [measure_transfer(tb, src, dst, n_bytes) for _ in range(2)]
+    return min(tries, key=lambda t: t.elapsed_s)
+
+
+@pytest.mark.timeout(60)
 def test_asymmetric_caps_and_runtime_rate_change(testbed_factory: TestbedFactory) -> None:
     hosts = (HostSpec("slowup", 4.0, 40.0, None), HostSpec("fast", 40.0, 40.0, None))
     tb = testbed_factory(TestbedConfig(hosts=hosts))
-    up = measure_transfer(tb, "slowup", "fast", MB)  # bound by slowup's 4 Mbit/s upload: 2 s
-    down = measure_transfer(tb, "fast", "slowup", 4 * MB)  # 40 Mbit/s both ways: 0.8 s
+    up = _fastest(tb, "slowup", "fast", MB)  # bound by slowup's 4 Mbit/s upload: 2 s
+    down = _fastest(tb, "fast", "slowup", 4 * MB)  # 40 Mbit/s both ways: 0.8 s
     assert up.error is None and down.error is None
     assert up.ratio_to_bound is not None and 0.97 <= up.ratio_to_bound <= 1.15, up
     assert down.ratio_to_bound is not None and 0.97 <= down.ratio_to_bound <= 1.2, down
     tb.set_rate("slowup", up_rate_mbit=20.0, down_rate_mbit=2.0)
-    up2 = measure_transfer(tb, "slowup", "fast", 2 * MB)  # now 0.8 s
-    down2 = measure_transfer(tb, "fast", "slowup", 500_000)  # now 2 s
+    up2 = _fastest(tb, "slowup", "fast", 2 * MB)  # now 0.8 s
+    down2 = _fastest(tb, "fast", "slowup", 500_000)  # now 2 s
     assert up2.ratio_to_bound is not None and 0.97 <= up2.ratio_to_bound <= 1.2, up2
     assert down2.ratio_to_bound is not None and 0.97 <= down2.ratio_to_bound <= 1.15, down2
 

@@ -464,7 +464,7 @@ def build_method(
     names in order (for partial Mix2)."""
     if cfg.method == "factored":
         return FactoredGossip(cfg, exchange, timing, xcfg, round_tokens, names)
-    if cfg.method == "diloco" and (cfg.fragments > 1 or cfg.overlap):
+    if cfg.method == "diloco" and (cfg.fragments > 1 or cfg.overlaps_outer_step):
         from p2p_trainer.algo.streaming import StreamingDiLoCo  # it builds on DiLoCo, defined here
 
         return StreamingDiLoCo(cfg, exchange, timing, xcfg, round_tokens)

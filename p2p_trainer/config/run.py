@@ -103,8 +103,8 @@ class OuterConfig:
     """DiLoCo with fragments = 1: the all-reduce of Δ runs behind the next round's inner steps and
     its outer step lands at that round's end, keeping the inner steps made meanwhile (§1: Streaming
     DiLoCo's overlap with the whole model as one fragment). A slow link's all-reduce then costs no
-    blocked time; each outer step lands one round late. With fragments > 1, fragment_overlap
-    decides."""
+    blocked time; each outer step lands one round late. Other methods ignore it (so `--method`
+    works on a file that sets it), and with fragments > 1 fragment_overlap decides."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
@@ -147,14 +147,6 @@ class OuterConfig:
         require(
             self.fragments == 1 or self.method == "diloco",
             f"outer.fragments={self.fragments} applies to method diloco only; set it to 1 for {self.method}",
-        )
-        require(
-            not self.overlap or self.method == "diloco",
-            f"outer.overlap applies to method diloco only; set it to false for {self.method}",
-        )
-        require(
-            not self.overlap or self.fragments == 1,
-            f"outer.overlap is for fragments = 1; with fragments={self.fragments} use outer.fragment_overlap",
         )
         require(
             all(isinstance(p, str) and p for p in self.mix2_tensors),

@@ -135,13 +135,16 @@ def test_a_streaming_swarm_learns_in_process() -> None:
 
 
 def test_overlap_is_diloco_with_one_fragment_behind_the_next_round() -> None:
-    with pytest.raises(ConfigError, match="applies to method diloco only"):
-        OuterConfig.for_method("noloco", overlap=True)
-    with pytest.raises(ConfigError, match=r"use outer\.fragment_overlap"):
-        OuterConfig.for_method("diloco", fragments=2, overlap=True)
     base = RunConfig(outer=OuterConfig.for_method("diloco"))
     overlapped = dataclasses.replace(base, outer=OuterConfig.for_method("diloco", overlap=True))
     assert overlapped.run_definition()["overlap"] is True and "overlap" not in base.run_definition()
+    # other methods ignore it, so `--method` still works on a file that sets it
+    noloco = dataclasses.replace(base, outer=OuterConfig.for_method("noloco", overlap=True))
+    assert not noloco.outer.overlaps_outer_step and "overlap" not in noloco.run_definition()
+    assert type(build_method(noloco.outer, _Partner(), xcfg=ExchangeConfig())).__name__ == "NoLoCo"  # type: ignore[arg-type]
+    # with fragments, fragment_overlap decides
+    blocking = OuterConfig.for_method("diloco", fragments=2, fragment_overlap=False, overlap=True)
+    assert not blocking.overlaps_outer_step
     cfg = OuterConfig.for_method("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=0)
     partner = _Partner()
     method = build_method(cfg, partner, xcfg=ExchangeConfig())  # type: ignore[arg-type]

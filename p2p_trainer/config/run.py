@@ -103,8 +103,10 @@ class OuterConfig:
     """DiLoCo with fragments = 1: the all-reduce of Δ runs behind the next round's inner steps and
     its outer step lands at that round's end, keeping the inner steps made meanwhile (§1: Streaming
     DiLoCo's overlap with the whole model as one fragment). A slow link's all-reduce then costs no
-    blocked time; each outer step lands one round late. Other methods ignore it (so `--method`
-    works on a file that sets it), and with fragments > 1 fragment_overlap decides."""
+    blocked time; each outer step lands one round late, which at H = 20 with the reference outer
+    step cost all of DiLoCo's per-token gain over training alone (bench/RESULTS.md), so it is off.
+    Other methods ignore it (so `--method` works on a file that sets it), and with fragments > 1
+    fragment_overlap decides."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD

@@ -111,6 +111,10 @@ class ExchangeRequest:
     """A weight any honest peer may claim whatever this peer's own (one full round's tokens where
     weights are tokens, 1 where they are all equal): the floor of the weight bound (§10); inf
     leaves only the backend's absolute bound."""
+    in_round: bool = True
+    """The members are the peers in this round: a backend that knows the peers' rounds leaves out
+    those too far from it to take part (`net/in_step.py`). False for an exchange that peers in
+    different rounds meet in (the final agreement)."""
 
     @property
     def results(self) -> Codec:

@@ -106,8 +106,10 @@ class NetworkExchange:
         faults: FaultInjector = NO_FAULTS,
         tap: ExchangeTap = NO_TAP,
         security: SecurityConfig = SecurityConfig(),
+        out_of_step: Callable[[], set[str]] = set,
     ) -> None:
-        """`faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions;
+        """`out_of_step()`: live peers too many rounds away to be in this round's groups
+        (`in_step.py`; not asked for an exchange with `in_round` False). `faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions;
         `tap` sees each exchange's contribution and result (a test tool, `exchange_tap.py`);
         `security` says whether and how contributions and results are bounded (§10)."""
         self.transport, self.live_peers = transport, live_peers
@@ -116,6 +118,7 @@ class NetworkExchange:
         self.health = health or PeerHealth()
         self.faults, self.tap = faults, tap
         self.security = security
+        self.out_of_step = out_of_step
         self._exchanges = 0
         """Exchanges this peer started: the clock its penalties decay with (§10)."""
         self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
@@ -134,7 +137,10 @@ class NetworkExchange:
         return self.health.suspect(peer) or peer not in self.live_peers()
 
     def _group(self, request: ExchangeRequest) -> GroupSpec:
-        live = sorted(self._live())
+        in_view = self._live()
+        if request.in_round:
+            in_view -= self.out_of_step() - {self.me}
+        live = sorted(in_view)
         seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
         _, members = group_of(self.me, live, request.group_size, seed)
         defence = None

@@ -43,6 +43,7 @@ from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
+from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
 
 logger = logging.getLogger(__name__)
@@ -133,6 +134,8 @@ class SwarmView:
         self._suspected_at: dict[str, float] = {}
         self._training_since: float | None = None
         """DHT time this peer first suspected each of its current suspects."""
+        self._rounds = RoundHistory()
+        self._last_out_of_step: set[str] = set()
         self._refreshes = 0
         self.refused_self: str | None = None
         """Why this swarm now refuses this very peer (an owner revoked it), or None."""
@@ -181,7 +184,9 @@ class SwarmView:
             beats = [b for b in beats if self.admission.admits(b.peer_id, b.invitation)]
         if self.defences:
             st = self.status
-            beats = bound_heartbeats(beats, st.round, now, self._bounds, self._replays, st.round_started)
+            beats = bound_heartbeats(
+                beats, st.round, now, self._bounds, self._replays, st.round_started, self.node.peer_id
+            )
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
 
     def _refresh(self) -> None:
@@ -210,7 +215,8 @@ class SwarmView:
         """Learn the revocations the swarm published, republish those held (the `turn`-th share:
         a record carries a few, so successive shares rotate through them), and note if one names
         this peer (its heartbeats are then dropped by every peer that holds it)."""
-        admitted = {h.peer_id for h in self.heartbeats()} | {self.node.peer_id}
+        # the owners' own records first (`p2p-trainer revoke --initial-peers`), then the admitted peers'
+        admitted = {h.peer_id for h in self.heartbeats()} | {self.node.peer_id} | self.admission.owners
         learn_published(self.admission, self.node, self.run_name, prefer=admitted)
         held = self.admission.revocations()
         if held:
@@ -273,6 +279,29 @@ class SwarmView:
             )
             self._last_live = set(live)
         return live
+
+    def enter_round(self, round: int) -> None:
+        """This peer is in `round` from now on: reported in the next heartbeat, and remembered
+        for judging which peers are out of step (`in_step.py`)."""
+        now = records.now()
+        self.status.round, self.status.round_started = round, now
+        with self._lock:
+            self._rounds.entered(round, now)
+
+    def out_of_step(self) -> set[str]:
+        """Live peers too many rounds ahead of this one to be drawn into its round's groups."""
+        beats = self.heartbeats()
+        with self._lock:
+            out = out_of_step(beats, self._rounds, self.node.peer_id)
+            changed, self._last_out_of_step = out != self._last_out_of_step, out
+        if changed:
+            rounds = {b.peer_id: b.round for b in beats}
+            logger.info(
+                "peers ahead of round %d, left out of its groups: %s",
+                self.status.round,
+                ", ".join(f"{p[-8:]}@r{rounds[p]}" for p in sorted(out)) or "none",
+            )
+        return out
 
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers other peers' heartbeats report dead (`reported_dead`), less those whose messages

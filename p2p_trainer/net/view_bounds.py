@@ -68,21 +68,28 @@ def plausible(beat: Heartbeat, now: float, bounds: HeartbeatBounds) -> Heartbeat
     return beat
 
 
-def training_rounds(beats: Sequence[Heartbeat], own_round: int, own_started: float) -> list[int]:
+def training_rounds(
+    beats: Sequence[Heartbeat], own_round: int, own_started: float, self_id: str = ""
+) -> list[int]:
     """The rounds the window's median is taken over: every peer past round 0 or training it (its
-    round start is known), this one's own included; joiners (round 0, no start) are left out."""
-    rounds = [b.round for b in beats if not b.leaving and (b.round > 0 or b.round_started > 0)]
+    round start is known), this one's own included once (from its state, not from its own heartbeat
+    among `beats`, which is older); joiners (round 0, no start) are left out."""
+    rounds = [
+        b.round
+        for b in beats
+        if not b.leaving and b.peer_id != self_id and (b.round > 0 or b.round_started > 0)
+    ]
     if own_round > 0 or own_started > 0:
         rounds.append(own_round)
     return rounds
 
 
 def within_round_window(
-    beats: list[Heartbeat], own_round: int, window: int, own_started: float = 0.0
+    beats: list[Heartbeat], own_round: int, window: int, own_started: float = 0.0, self_id: str = ""
 ) -> list[Heartbeat]:
     """The heartbeats whose round is at most `window` above the lower median of the training peers'
     rounds (`training_rounds`; `own_started`: this peer's start of `own_round`, 0 if not training)."""
-    counted = sorted(training_rounds(beats, own_round, own_started))
+    counted = sorted(training_rounds(beats, own_round, own_started, self_id))
     if not counted:
         return beats
     median = counted[(len(counted) - 1) // 2]
@@ -129,10 +136,12 @@ def bound_heartbeats(
     bounds: HeartbeatBounds,
     replays: ReplayFilter,
     own_started: float = 0.0,
+    self_id: str = "",
 ) -> list[Heartbeat]:
     """The heartbeats a consumer may trust (see the module's docstring), sorted by peer id;
-    `own_started`: when this peer began `own_round` (0 while it is still joining)."""
+    `own_started`: when this peer began `own_round` (0 while it is still joining); `self_id`: this
+    peer, whose own heartbeat among `beats` does not count in the median a second time."""
     fresh = replays.newest(beats, now)
     kept = [b for b in (plausible(beat, now, bounds) for beat in fresh) if b is not None]
-    window = within_round_window(kept, own_round, bounds.round_window, own_started)
+    window = within_round_window(kept, own_round, bounds.round_window, own_started, self_id)
     return sorted(window, key=lambda b: b.peer_id)

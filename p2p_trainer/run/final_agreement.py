@@ -80,6 +80,7 @@ def final_request(cfg: RunConfig, reference: tuple[torch.Tensor, ...] | None = N
         grace_s=0.0,
         result_wait_s=wait_s,
         reference=seed_reference(cfg) if reference is None else reference,
+        in_round=False,  # peers stopped by time at different rounds meet here
     )
 
 

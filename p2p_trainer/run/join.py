@@ -23,7 +23,7 @@ import torch
 from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
 from p2p_trainer.logs import CONTEXT
-from p2p_trainer.net import behind_nat, records
+from p2p_trainer.net import behind_nat
 from p2p_trainer.net.admission import Admission, InvitationError, check_entry
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.dht import DHTConfig, NetNode
@@ -161,6 +161,8 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         progress.phase("training")
         deadline = joined.started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
         train_rounds(joined, lambda: stop.is_set() or time.monotonic() >= deadline)
+        if joined.view.refused_self is not None:  # learnt in the last round: no final agreement
+            leave_refused(joined)
         progress.phase("stopping")
         finish(joined, stopped=stop.is_set(), stop_requested=stop.is_set)
         progress.phase("done")
@@ -241,6 +243,7 @@ def start(
         faults=faults,
         tap=tap,
         security=cfg.security,
+        out_of_step=view.out_of_step,
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
     if opts.monitor is not None:
@@ -331,7 +334,7 @@ def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetr
     drops = DropTally({"read": READ_DROPS.counts, "stored": j.node.record_drops})
     while peer.state.round < cfg.rounds and not should_stop():
         if j.view.refused_self is not None:  # no peer takes its messages any more: training alone is moot
-            raise InvitationError(f"this swarm now refuses peer {j.node.peer_id}: {j.view.refused_self}")
+            leave_refused(j)
         regain.before_round()
         _begin_round(j, aligner)
         m = peer.run_round_until(should_stop)
@@ -348,10 +351,20 @@ def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetr
         yield m
 
 
+def leave_refused(j: Joined) -> None:
+    """Stop a peer the swarm now refuses (an owner revoked it): checkpoint the work it did, then
+    raise InvitationError saying why."""
+    where = ""
+    if j.opts.checkpoint_every:
+        save_checkpoint(j.peer, j.ckpt)
+        where = f"; its state at round {j.peer.state.round} is saved in {j.ckpt}"
+    raise InvitationError(f"this swarm now refuses peer {j.node.peer_id}: {j.view.refused_self}{where}")
+
+
 def _begin_round(j: Joined, aligner: RoundAligner | None) -> None:
     """Announce the round in the heartbeat; an aligned peer that started late skips steps to catch up."""
     peer, status = j.peer, j.view.status
-    status.round, status.round_started = peer.state.round, records.now()
+    j.view.enter_round(peer.state.round)
     if aligner is not None:
         late = aligner.steps_to_skip(
             peer.state.round, status.round_started, j.view.heartbeats(), peer.timing.t_step_s
@@ -365,8 +378,7 @@ def _end_round(j: Joined, m: RoundMetrics, dropped: tuple[DropCount, ...] = ()) 
     refused during the round, `dropped`)."""
     peer, status = j.peer, j.view.status
     j.server.publish(peer.state, peer.timing.t_step_s)
-    # the next round starts about now (the loop's top says exactly when)
-    status.round, status.round_started = peer.state.round, records.now()
+    j.view.enter_round(peer.state.round)  # the next round starts about now (the loop's top: exactly)
     status.tokens_processed = peer.tokens
     status.loss = m.train_loss
     status.throughput_tokens_per_s = j.tokens_per_round / max(1e-9, m.wall_s)

@@ -253,3 +253,17 @@ def test_at_a_swarms_start_a_forged_round_below_the_end_is_outside_the_window() 
     assert len(bounded([*joiners, beat("a", 500)], own_round=0)) == 4
     # and a round within the window of the training peers still passes
     assert len(bounded([training, beat("b", 90)], own_round=0)) == 2
+
+
+def test_this_peers_own_heartbeat_does_not_count_twice_in_the_median() -> None:
+    # a peer that fell 130 rounds behind two honest peers: its round is one of three, not two of
+    # four, so the others' rounds are the median and their heartbeats stay (it can rejoin them)
+    beats = [beat("me", 126), beat("a", 257), beat("b", 258)]
+    kept = bound_heartbeats(beats, 126, NOW, BOUNDS, ReplayFilter(forget_after_s=8.0), NOW - 5.0, "me")
+    assert [b.peer_id for b in kept] == ["a", "b", "me"]
+    counted_twice = bound_heartbeats(beats, 126, NOW, BOUNDS, ReplayFilter(forget_after_s=8.0), NOW - 5.0)
+    assert [b.peer_id for b in counted_twice] == ["me"]
+    # a liar is still one voice: two honest peers and this one keep the median honest
+    liar = [beat("me", 50), beat("a", 50), beat("liar", 10**9)]
+    kept = bound_heartbeats(liar, 50, NOW, BOUNDS, ReplayFilter(forget_after_s=8.0), NOW - 5.0, "me")
+    assert [b.peer_id for b in kept] == ["a", "me"]

@@ -248,7 +248,7 @@ def check_entry(admission: Admission, node: _Node, invitation: str) -> None:
     """`check_self` for a node that has just started, after learning the revocations its swarm
     published: a revoked joiner learns it even if its own config does not list the revocation."""
     try:
-        learn_published(admission, node, admission.swarm)
+        learn_published(admission, node, admission.swarm, prefer=admission.owners)
     except (TimeoutError, RuntimeError) as exc:  # the DHT's own errors: the config's list still holds
         logger.warning("could not read the swarm's revocations: %s", exc)
     check_self(admission, node.peer_id, invitation)

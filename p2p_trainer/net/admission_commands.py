@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from p2p_trainer.net.node_defaults import DEFAULT_PEER_IDENTITY
+
+if TYPE_CHECKING:
+    from p2p_trainer.net.envelope import Signer
 
 
 @click.command("identity")
@@ -85,11 +89,21 @@ def invite(peer_id: str, owner_key: str, swarm: str, days: float, out: str) -> N
     type=click.Path(dir_okay=False),
     help="Revocation file to write; its text goes in the peers' security.revoked.",
 )
-def revoke(peer_id: str, owner_key: str, swarm: str, out: str) -> None:
+@click.option(
+    "--initial-peers",
+    multiple=True,
+    help="Also publish it to the running swarm through this node (a multiaddr as `p2p-trainer "
+    "bootstrap` prints it; repeatable): its peers refuse PEER_ID within about a minute.",
+)
+def revoke(peer_id: str, owner_key: str, swarm: str, out: str, initial_peers: tuple[str, ...]) -> None:
     """Withdraw PEER_ID's admission to a swarm with security.admission = "invitations" before its
-    invitation expires; every peer holding the revocation refuses it."""
+    invitation expires; every peer holding the revocation refuses it, and a revoked peer that is
+    training stops. With --initial-peers the running swarm learns it at once (its peers pass it
+    on); without, it takes effect where it is added to a peer's security.revoked."""
     from p2p_trainer.config.checks import ConfigError
     from p2p_trainer.config.security import SecurityConfig
+    from p2p_trainer.net.addresses import AddressError, validate_initial_peers
+    from p2p_trainer.net.envelope import Signer
     from p2p_trainer.net.identity import IdentityError, load_or_create_identity, load_signing_key
     from p2p_trainer.net.revocation import RevocationError
     from p2p_trainer.net.revocation import revoke as sign_revocation
@@ -97,10 +111,47 @@ def revoke(peer_id: str, owner_key: str, swarm: str, out: str) -> None:
 
     try:
         SecurityConfig(allow=(peer_id,))  # the same check a config's peer ids get
+        validate_initial_peers(initial_peers)
         owner = load_or_create_identity(Path(owner_key).expanduser())  # exists: click checked
-        text = sign_revocation(load_signing_key(owner), swarm, peer_id).encode()
-    except (ConfigError, IdentityError, RevocationError) as exc:
+        signing_key = load_signing_key(owner)
+        text = sign_revocation(signing_key, swarm, peer_id).encode()
+    except (ConfigError, AddressError, IdentityError, RevocationError) as exc:
         raise click.ClickException(str(exc)) from None
     atomic_write_text(Path(out), text + "\n")
     click.echo(f"revoked {peer_id} in swarm {swarm!r} (owner {owner.peer_id}): {out}")
+    if initial_peers:
+        _publish_revocation(text, peer_id, swarm, Signer(signing_key), initial_peers)
     click.echo(f'add it to the peers\' [security] section: revoked = ["{text}"]')
+
+
+PUBLISHED_TTL_S = 24 * 3600.0
+"""How long an owner's own publication of a revocation stays in the DHT: the swarm's peers
+republish what they learn as long as they run, and this covers a swarm whose peers all left and
+came back within a day."""
+
+
+def _publish_revocation(
+    text: str, peer_id: str, swarm: str, signer: Signer, initial_peers: tuple[str, ...]
+) -> None:
+    """Store the revocation in the swarm's DHT under the owner's own subkey (signed by the owner,
+    so peers read it as an owner's record), through a client node that joins no routing table,
+    then read it back."""
+    from p2p_trainer.net import revocation
+    from p2p_trainer.net.addresses import AddressError
+    from p2p_trainer.net.dht import DHTCallTimeout, InitialPeersUnreachable
+    from p2p_trainer.net.status_client import StatusClient
+
+    try:
+        with StatusClient(initial_peers, writable=True) as client:
+            stored = revocation.publish(client, swarm, [text], PUBLISHED_TTL_S, signer)
+            seen = text in revocation.read(client, swarm, prefer=(signer.peer_id,))
+    except (AddressError, InitialPeersUnreachable, DHTCallTimeout) as exc:
+        raise click.ClickException(
+            f"{exc}; the revocation file is written, add it to a peer's config"
+        ) from None
+    if not (stored and seen):
+        raise click.ClickException(
+            "the swarm's DHT did not keep the revocation; the file is written: run this again, "
+            "or add it to a running peer's security.revoked"
+        )
+    click.echo(f"published to swarm {swarm!r}: its peers refuse {peer_id} within about a minute")

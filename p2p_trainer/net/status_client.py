@@ -88,14 +88,20 @@ class StatusClient:
     """A client-mode DHT node joined through `initial_peers`; `read(swarm)` the swarm's heartbeats.
 
     Raises `AddressError` (a malformed value, named) or `InitialPeersUnreachable`; on either,
-    nothing it started is left running.
+    nothing it started is left running. With `writable` it also stores records (an owner
+    publishing a revocation, `p2p-trainer revoke --initial-peers`); they are signed by whoever
+    sealed them, never by this client, which has no identity of its own.
     """
 
     def __init__(
-        self, initial_peers: tuple[str, ...], startup_timeout_s: float = 15.0, call_timeout_s: float = 20.0
+        self,
+        initial_peers: tuple[str, ...],
+        startup_timeout_s: float = 15.0,
+        call_timeout_s: float = 20.0,
+        writable: bool = False,
     ) -> None:
         peers = validate_initial_peers(initial_peers)
-        self.call_timeout_s = call_timeout_s
+        self.call_timeout_s, self.writable = call_timeout_s, writable
         self.drops = DropCounter("status client")
         self.dht = _start(peers, self.drops, startup_timeout_s)
         self._daemons: dict[int, processes.DaemonProcess] = {}
@@ -145,7 +151,18 @@ class StatusClient:
                     raise DHTCallTimeout(f"DHT get of {key!r} did not finish") from None
 
     def store(self, key: object, value: object, expiration_time: float, subkey: object = None) -> bool:
-        raise PermissionError("the status client is read-only: it stores nothing")
+        """`records.DHTLike.store` if `writable`, bounded by `call_timeout_s`."""
+        if not self.writable:
+            raise PermissionError("the status client is read-only: it stores nothing")
+        future = self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
+        deadline = time.monotonic() + self.call_timeout_s
+        while True:
+            try:
+                return bool(future.result(timeout=0.1))
+            except TimeoutError:
+                if not self.dht.is_alive() or time.monotonic() >= deadline:
+                    future.cancel()
+                    raise DHTCallTimeout(f"DHT store of {key!r} did not finish") from None
 
     def read(self, swarm: str) -> SwarmStatus:
         return read_status(self, swarm, self.drops.counts())

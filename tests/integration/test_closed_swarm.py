@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from p2p_trainer.config import SecurityConfig
 from p2p_trainer.net.identity import load_or_create_identity
-from tests.conftest import SwarmFactory, rounds_of, tiny_config
+from tests.conftest import SwarmFactory, rounds_of, tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,50 +23,72 @@ def _cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_invited_peers_train_together_and_the_rest_are_refused(
+def test_invited_peers_train_the_rest_are_refused_and_a_published_revocation_stops_one(
     local_swarm: SwarmFactory, tmp_path: Path
 ) -> None:
     keys = tmp_path / "keys"
     keys.mkdir()
-    ids = [load_or_create_identity(keys / f"peer{i}.key").peer_id for i in range(4)]
+    ids = [load_or_create_identity(keys / f"peer{i}.key").peer_id for i in range(5)]
     owner_key = tmp_path / "owner" / "owner.key"
-    invitations = []
-    for i in (0, 1, 3):
+    invitations = {}
+    for i in range(4):  # peer4 is never invited
         out = tmp_path / f"peer{i}.invitation"
         made = _cli(
             "invite", ids[i], "--owner-key", str(owner_key), "--swarm", "default", "--invitation", str(out)
         )
         assert made.returncode == 0, made.stderr[-1500:]
-        invitations.append(out)
-    revocation = tmp_path / "peer3.revocation"  # peer3 was invited, then revoked
+        invitations[i] = out
+    revocation = tmp_path / "peer3.revocation"  # peer3 was invited, then revoked in the config
     made = _cli("revoke", ids[3], "--owner-key", str(owner_key), "--revocation", str(revocation))
     assert made.returncode == 0, made.stderr[-1500:]
     owner = load_or_create_identity(owner_key).peer_id
     revoked = (revocation.read_text().strip(),)
     security = SecurityConfig(admission="invitations", owners=(owner,), revoked=revoked)
-    cfg = dataclasses.replace(tiny_config("factored", rounds=4), security=security)
-    swarm = local_swarm(cfg, 2)
-    peers = [swarm.start_peer(i, extra=("--invitation", str(invitations[i]))) for i in (0, 1)]
+    cfg = dataclasses.replace(tiny_config("factored", rounds=100_000), security=security)
+    swarm = local_swarm(cfg, 3)
+    limit = ("--minutes", "1.0")
+    peers = [swarm.start_peer(i, extra=(*limit, "--invitation", str(invitations[i]))) for i in range(3)]
 
-    def intruder(*extra: str, peer: int = 2) -> subprocess.CompletedProcess[str]:
+    def intruder(*extra: str, peer: int = 4) -> subprocess.CompletedProcess[str]:
         run_dir, key = tmp_path / f"peer{peer}", keys / f"peer{peer}.key"
         base = ("join", "--config", str(swarm.opts.config_path), *swarm.initial_peers.split())
         return _cli(*base, "--host", "127.0.0.1", "--identity", str(key), "--run-dir", str(run_dir), *extra)
 
     uninvited = intruder()
     assert uninvited.returncode == 1, uninvited.stderr[-1500:]
-    assert f"this swarm would refuse peer {ids[2]}: it carries no invitation" in uninvited.stderr
+    assert f"this swarm would refuse peer {ids[4]}: it carries no invitation" in uninvited.stderr
     assert "ask a swarm owner for an invitation" in uninvited.stderr
     copied = intruder("--invitation", str(invitations[0]))  # peer0's invitation names peer0's id
     assert copied.returncode == 1 and f"its invitation is for peer {ids[0][-8:]}" in copied.stderr
-    withdrawn = intruder("--invitation", str(invitations[2]), peer=3)
+    withdrawn = intruder("--invitation", str(invitations[3]), peer=3)
     assert withdrawn.returncode == 1 and "its invitation was revoked by owner" in withdrawn.stderr
-    assert not rounds_of(tmp_path, 2) and not rounds_of(tmp_path, 3)  # refused before a first round
+    assert not rounds_of(tmp_path, 3) and not rounds_of(tmp_path, 4)  # refused before a first round
 
-    for child in peers:
-        assert child.proc.wait(timeout=150) == 0
+    # the owner revokes peer2 while it trains, and publishes that to the running swarm
+    assert wait_until(lambda: len(rounds_of(tmp_path, 2)) >= 4, 120), "the swarm did not get going"
+    published = _cli(
+        "revoke", ids[2], "--owner-key", str(owner_key), "--revocation", str(tmp_path / "peer2.revocation"),
+        *swarm.initial_peers.split(),
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr[-1500:]
+    assert "published to swarm 'default'" in published.stdout
+    revoked_at = time.time()
+    assert peers[2].proc.wait(timeout=150) == 1, "the revoked peer did not stop"
+    stopped_at = time.time()
+    log = (tmp_path / "peer2" / "log.txt").read_text()
+    assert f"this swarm now refuses peer {ids[2]}" in log and "its invitation was revoked by owner" in log
+    assert "is saved in" in log and (tmp_path / "peer2" / "checkpoint.safetensors").exists()
+    assert stopped_at - revoked_at < 60, (
+        f"peer2 trained on {stopped_at - revoked_at:.0f} s after the revocation"
+    )
+
     for i in (0, 1):
+        assert peers[i].proc.wait(timeout=150) == 0
+    for i in (0, 1):  # they trained together, and on together once peer2 was gone
         rounds = rounds_of(tmp_path, i)
-        assert len(rounds) == 4
-        merged = [e for r in rounds for e in r.exchanges if e.merged and e.group_size == 2]
-        assert merged, f"invited peer{i} never merged with the other"
+        merged = [any(e.ok and e.group_size >= 2 for e in r.exchanges) for r in rounds]
+        assert True in merged, f"invited peer{i} never merged in {len(rounds)} rounds"
+        after = [m for r, m in zip(rounds, merged, strict=True) if r.unix_time > stopped_at + 5]
+        assert len(after) >= 3 and sum(after) >= 0.75 * len(after), (
+            f"peer{i} merged in {sum(after)} of {len(after)} rounds after peer2 stopped"
+        )

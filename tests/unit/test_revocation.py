@@ -163,6 +163,11 @@ def test_the_revoke_command_writes_what_the_config_takes(tmp_path: Path) -> None
     assert missing.exit_code != 0 and not (tmp_path / "none.key").exists()
     bad = runner.invoke(main, ["revoke", "bob", "--owner-key", str(owner_key), "--revocation", str(out)])
     assert bad.exit_code != 0 and "Ed25519 peer id" in bad.output
+    # publishing to a swarm: a malformed address is refused before anything is signed or written
+    elsewhere = tmp_path / "elsewhere.revocation"
+    unpublished = runner.invoke(main, [*args[:-1], str(elsewhere), "--initial-peers", "203.0.113.5:31337"])
+    assert unpublished.exit_code == 1 and "malformed initial peer '203.0.113.5:31337'" in unpublished.output
+    assert not elsewhere.exists()
 
 
 def test_the_dht_validator_stores_a_peers_own_revocation_record_only() -> None:

@@ -119,15 +119,16 @@ def revoke(peer_id: str, owner_key: str, swarm: str, out: str, initial_peers: tu
         raise click.ClickException(str(exc)) from None
     atomic_write_text(Path(out), text + "\n")
     click.echo(f"revoked {peer_id} in swarm {swarm!r} (owner {owner.peer_id}): {out}")
+    click.echo(f'add it to the peers\' [security] section: revoked = ["{text}"]')
     if initial_peers:
         _publish_revocation(text, peer_id, swarm, Signer(signing_key), initial_peers)
-    click.echo(f'add it to the peers\' [security] section: revoked = ["{text}"]')
 
 
 PUBLISHED_TTL_S = 24 * 3600.0
-"""How long an owner's own publication of a revocation stays in the DHT: the swarm's peers
+"""How long an owner's own publication of revocations stays in the DHT: the swarm's peers
 republish what they learn as long as they run, and this covers a swarm whose peers all left and
-came back within a day."""
+came back within a day. Use an owner key that no peer runs with: a peer's own shorter-lived
+records under the same subkey lose to this one until it expires."""
 
 
 def _publish_revocation(
@@ -137,15 +138,23 @@ def _publish_revocation(
     so peers read it as an owner's record), through a client node that joins no routing table,
     then read it back."""
     from p2p_trainer.net import revocation
-    from p2p_trainer.net.addresses import AddressError
-    from p2p_trainer.net.dht import DHTCallTimeout, InitialPeersUnreachable
     from p2p_trainer.net.status_client import StatusClient
+
+    def by_this_owner(published: str) -> bool:
+        try:
+            revocation.check(published, (signer.peer_id,), swarm)
+        except revocation.RevocationError:
+            return False
+        return published != text
 
     try:
         with StatusClient(initial_peers, writable=True) as client:
-            stored = revocation.publish(client, swarm, [text], PUBLISHED_TTL_S, signer)
+            # the record under the owner's subkey replaces the last one: carry its earlier ones on
+            earlier = sorted(filter(by_this_owner, set(revocation.read(client, swarm, (signer.peer_id,)))))
+            held = [text, *earlier[: revocation.MAX_PER_RECORD - 1]]
+            stored = revocation.publish(client, swarm, held, PUBLISHED_TTL_S, signer)
             seen = text in revocation.read(client, swarm, prefer=(signer.peer_id,))
-    except (AddressError, InitialPeersUnreachable, DHTCallTimeout) as exc:
+    except (TimeoutError, RuntimeError, ValueError) as exc:  # unreachable peers, the DHT's own errors
         raise click.ClickException(
             f"{exc}; the revocation file is written, add it to a peer's config"
         ) from None
@@ -155,3 +164,8 @@ def _publish_revocation(
             "or add it to a running peer's security.revoked"
         )
     click.echo(f"published to swarm {swarm!r}: its peers refuse {peer_id} within about a minute")
+    if len(earlier) >= revocation.MAX_PER_RECORD:
+        click.echo(
+            f"this owner's record carries {revocation.MAX_PER_RECORD} revocations; "
+            f"{len(earlier) + 1 - revocation.MAX_PER_RECORD} earlier ones are left to the peers' configs"
+        )

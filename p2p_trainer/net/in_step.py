@@ -1,6 +1,6 @@
 """Which live peers are out of step: so far ahead of this peer that they cannot share its round.
 
-Groups are keyed on the round (docs/algorithms.md §3), so a peer in another round cannot take part
+Groups are keyed on the round (docs/algorithms.md §2.1), so a peer in another round cannot take part
 in this round's exchange. A group that counts it anyway waits out its quorum window and merges in
 part or not at all. A peer that fell behind (a late joiner whose first rounds failed, a peer back
 from a stall) is in that position for every exchange: it waits on groups no one else is in, each
@@ -12,7 +12,12 @@ does not matter (rounds can be much shorter than a heartbeat period): only the t
 does. A peer more than `LAG_ROUNDS` rounds ahead at that instant is out of step. Hosts' clocks
 differ a little; the comparison allows `SKEW_S` either way.
 
-Only peers ahead are left out. The peer that fell behind sees everyone ahead, so it trains alone,
+Only a peer that sees at least half of the others ahead leaves them out: that is the peer that fell
+behind. A minority ahead is left in. Two peers in the same round entered it at slightly different
+instants, so a heartbeat stamped between the two (a liar can aim for that) could read as out of
+step to one and in step to the other; the groups are drawn from the whole list, so one such
+disagreement would put every group of the round on different keys. Only peers ahead are left out.
+The peer that fell behind sees everyone ahead, so it trains alone,
 without waits, and `Rejoin` (`run/entry_paths.py`) brings it to the swarm's state within a few
 rounds. The others cannot do the same to it: a peer whose heartbeat shows it behind may already
 have jumped to the swarm's round (a late join, a rejoin), and leaving it out until its next
@@ -33,7 +38,9 @@ LAG_ROUNDS = 2
 for the round a peer is finishing while the other starts the next, one for the heartbeat's own
 granularity (it reports the round in progress)."""
 SKEW_S = 0.25
-"""Clock difference between hosts that the comparison allows (NTP keeps them far closer)."""
+"""Clock difference between hosts that the comparison allows. NTP keeps hosts far closer; a host
+whose clock is off by more than this and two rounds looks out of step (to the others only as one of
+a minority, which is left in)."""
 KEEP_ROUNDS = 512
 """Round starts remembered: heartbeats are at most a TTL old, far fewer rounds than this unless
 rounds are milliseconds long, and then an older heartbeat is simply not judged."""
@@ -75,12 +82,14 @@ def out_of_step(
     skew_s: float = SKEW_S,
 ) -> set[str]:
     """Peers whose heartbeat puts them more than `lag_rounds` rounds ahead of this peer's round at
-    the heartbeat's time (give or take `skew_s`)."""
-    out = set()
+    the heartbeat's time (give or take `skew_s`), if they are at least half of the others; none
+    otherwise (see the module)."""
+    out, others = set(), 0
     for b in beats:
         if b.peer_id == self_id:
             continue
+        others += 1
         mine = history.round_at(b.timestamp + skew_s)
         if mine is not None and b.round > mine + lag_rounds:
             out.add(b.peer_id)
-    return out
+    return out if 2 * len(out) >= others else set()

@@ -108,10 +108,11 @@ class NetworkExchange:
         security: SecurityConfig = SecurityConfig(),
         out_of_step: Callable[[], set[str]] = set,
     ) -> None:
-        """`out_of_step()`: live peers too many rounds away to be in this round's groups
-        (`in_step.py`; not asked for an exchange with `in_round` False). `faults` is told ("mix1" | "blocking", round) once this peer has delivered its contributions;
-        `tap` sees each exchange's contribution and result (a test tool, `exchange_tap.py`);
-        `security` says whether and how contributions and results are bounded (§10)."""
+        """`out_of_step()`: live peers too far ahead to be in this round's groups (`in_step.py`;
+        not asked for an exchange with `in_round` False). `faults` is told ("mix1" | "blocking",
+        round) once this peer has delivered its contributions; `tap` sees each exchange's
+        contribution and result (a test tool, `exchange_tap.py`); `security` says whether and how
+        contributions and results are bounded (§10)."""
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id

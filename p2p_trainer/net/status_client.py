@@ -1,9 +1,10 @@
-"""A read-only look at a swarm from outside it (`p2p-trainer status`): a DHT client, never a peer.
+"""A look at a swarm from outside it (`p2p-trainer status`): a DHT client, never a peer.
 
 The node runs hivemind's DHT in client mode: it asks other nodes and answers none, so it enters
-no routing table. It has a throwaway identity and publishes nothing (no heartbeat, liveness
-record or run definition), and it does not re-store what it reads (`cache_nearest=0`), so no
-swarm counts it. Heartbeats are read with `records.read_heartbeats` and its checks (signed by
+no routing table. It has a throwaway identity and publishes nothing of its own (no heartbeat,
+liveness record or run definition), and it does not re-store what it reads (`cache_nearest=0`), so
+no swarm counts it. Only when asked (`writable`) does it store a record someone else sealed: an
+owner's revocation (`p2p-trainer revoke --initial-peers`). Heartbeats are read with `records.read_heartbeats` and its checks (signed by
 their own peer, well-formed, not stamped in the future); its DHT node installs the same record
 validator as every node. As a `NetNode` does, it leaves no DHT process, p2pd or socket file
 behind, also when its own process is killed (`reaper.py`).

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
@@ -351,7 +351,7 @@ def each_round(j: Joined, should_stop: Callable[[], bool]) -> Iterator[RoundMetr
         yield m
 
 
-def leave_refused(j: Joined) -> None:
+def leave_refused(j: Joined) -> NoReturn:
     """Stop a peer the swarm now refuses (an owner revoked it): checkpoint the work it did, then
     raise InvitationError saying why."""
     where = ""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from p2p_trainer.config import SecurityConfig
 from p2p_trainer.net.identity import load_or_create_identity
@@ -46,23 +49,11 @@ def test_invited_peers_train_the_rest_are_refused_and_a_published_revocation_sto
     security = SecurityConfig(admission="invitations", owners=(owner,), revoked=revoked)
     cfg = dataclasses.replace(tiny_config("factored", rounds=100_000), security=security)
     swarm = local_swarm(cfg, 3)
-    limit = ("--minutes", "1.0")
-    peers = [swarm.start_peer(i, extra=(*limit, "--invitation", str(invitations[i]))) for i in range(3)]
-
-    def intruder(*extra: str, peer: int = 4) -> subprocess.CompletedProcess[str]:
-        run_dir, key = tmp_path / f"peer{peer}", keys / f"peer{peer}.key"
-        base = ("join", "--config", str(swarm.opts.config_path), *swarm.initial_peers.split())
-        return _cli(*base, "--host", "127.0.0.1", "--identity", str(key), "--run-dir", str(run_dir), *extra)
-
-    uninvited = intruder()
-    assert uninvited.returncode == 1, uninvited.stderr[-1500:]
-    assert f"this swarm would refuse peer {ids[4]}: it carries no invitation" in uninvited.stderr
-    assert "ask a swarm owner for an invitation" in uninvited.stderr
-    copied = intruder("--invitation", str(invitations[0]))  # peer0's invitation names peer0's id
-    assert copied.returncode == 1 and f"its invitation is for peer {ids[0][-8:]}" in copied.stderr
-    withdrawn = intruder("--invitation", str(invitations[3]), peer=3)
-    assert withdrawn.returncode == 1 and "its invitation was revoked by owner" in withdrawn.stderr
-    assert not rounds_of(tmp_path, 3) and not rounds_of(tmp_path, 4)  # refused before a first round
+    limit = ("--minutes", "1.25")
+    peers = [swarm.start_peer(i, extra=(*limit, "--invitation", str(invitations[i]))) for i in range(2)]
+    # peer2 checkpoints only when it is refused, so its checkpoint shows that save
+    extra = (*limit, "--invitation", str(invitations[2]), "--checkpoint-every", "100000")
+    peers.append(swarm.start_peer(2, extra=extra))
 
     # the owner revokes peer2 while it trains, and publishes that to the running swarm
     assert wait_until(lambda: len(rounds_of(tmp_path, 2)) >= 4, 120), "the swarm did not get going"
@@ -77,10 +68,30 @@ def test_invited_peers_train_the_rest_are_refused_and_a_published_revocation_sto
     stopped_at = time.time()
     log = (tmp_path / "peer2" / "log.txt").read_text()
     assert f"this swarm now refuses peer {ids[2]}" in log and "its invitation was revoked by owner" in log
-    assert "is saved in" in log and (tmp_path / "peer2" / "checkpoint.safetensors").exists()
+    saved = re.search(r"its state at round (\d+) is saved in", log)
+    assert saved is not None, log[-1500:]
+    with safe_open(str(tmp_path / "peer2" / "checkpoint.safetensors"), framework="pt") as f:
+        assert json.loads(f.metadata()["p2p_trainer"])["round"] == int(saved.group(1))
     assert stopped_at - revoked_at < 60, (
         f"peer2 trained on {stopped_at - revoked_at:.0f} s after the revocation"
     )
+
+    def intruder(*extra: str, peer: int = 4) -> subprocess.CompletedProcess[str]:
+        run_dir, key = tmp_path / f"peer{peer}", keys / f"peer{peer}.key"
+        base = ("join", "--config", str(swarm.opts.config_path), *swarm.initial_peers.split())
+        return _cli(*base, "--host", "127.0.0.1", "--identity", str(key), "--run-dir", str(run_dir), *extra)
+
+    uninvited = intruder()
+    assert uninvited.returncode == 1, uninvited.stderr[-1500:]
+    assert f"this swarm would refuse peer {ids[4]}: it carries no invitation" in uninvited.stderr
+    assert "ask a swarm owner for an invitation" in uninvited.stderr
+    copied = intruder("--invitation", str(invitations[0]))  # peer0's invitation names peer0's id
+    assert copied.returncode == 1 and f"its invitation is for peer {ids[0][-8:]}" in copied.stderr
+    withdrawn = intruder("--invitation", str(invitations[3]), peer=3)
+    assert withdrawn.returncode == 1 and "its invitation was revoked by owner" in withdrawn.stderr
+    rejoining = intruder("--invitation", str(invitations[2]), peer=2)  # the published revocation holds
+    assert rejoining.returncode == 1 and "its invitation was revoked by owner" in rejoining.stderr
+    assert not rounds_of(tmp_path, 3) and not rounds_of(tmp_path, 4)  # refused before a first round
 
     for i in (0, 1):
         assert peers[i].proc.wait(timeout=150) == 0

@@ -60,6 +60,20 @@ class DHTCallTimeout(TimeoutError):
     """A DHT call did not finish in time (the DHT process or p2pd may have died)."""
 
 
+def wait_call(dht: hivemind.DHT, future: Any, what: str, timeout_s: float) -> Any:
+    """The result of `future`, a call to `dht`; raises `DHTCallTimeout` when `timeout_s` passes or
+    as soon as the DHT process exits (its calls would never finish)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return future.result(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+        except TimeoutError:
+            if not dht.is_alive() or time.monotonic() >= deadline:
+                future.cancel()
+                state = "has exited" if not dht.is_alive() else "is still running"
+                raise DHTCallTimeout(f"DHT {what} did not finish (the DHT process {state})") from None
+
+
 class InitialPeersUnreachable(RuntimeError):
     """No initial peer answered after all attempts; the message says what was tried and what to check."""
 
@@ -286,16 +300,9 @@ class NetNode:
         return bool(self.dht.is_alive()) and all(processes.is_alive(pid) for pid in self.daemon_pids)
 
     def _wait(self, future: Any, what: str, timeout_s: float | None = None) -> Any:
-        """The future's result; gives up when `timeout_s` passes or as soon as the DHT process exits."""
-        deadline = time.monotonic() + (self.config.call_timeout_s if timeout_s is None else timeout_s)
-        while True:
-            try:
-                return future.result(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-            except TimeoutError:
-                if not self.dht.is_alive() or time.monotonic() >= deadline:
-                    future.cancel()
-                    state = "has exited" if not self.dht.is_alive() else "is still running"
-                    raise DHTCallTimeout(f"DHT {what} did not finish (the DHT process {state})") from None
+        return wait_call(
+            self.dht, future, what, self.config.call_timeout_s if timeout_s is None else timeout_s
+        )
 
     def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> Any:
         with self._calls:

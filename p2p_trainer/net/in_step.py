@@ -16,8 +16,9 @@ Only a peer that sees at least half of the others ahead leaves them out: that is
 behind. A minority ahead is left in. Two peers in the same round entered it at slightly different
 instants, so a heartbeat stamped between the two (a liar can aim for that) could read as out of
 step to one and in step to the other; the groups are drawn from the whole list, so one such
-disagreement would put every group of the round on different keys. Only peers ahead are left out.
-The peer that fell behind sees everyone ahead, so it trains alone,
+disagreement would put every group of the round on different keys.
+
+Only peers ahead are left out. The peer that fell behind sees everyone ahead, so it trains alone,
 without waits, and `Rejoin` (`run/entry_paths.py`) brings it to the swarm's state within a few
 rounds. The others cannot do the same to it: a peer whose heartbeat shows it behind may already
 have jumped to the swarm's round (a late join, a rejoin), and leaving it out until its next

@@ -4,9 +4,9 @@ The node runs hivemind's DHT in client mode: it asks other nodes and answers non
 no routing table. It has a throwaway identity and publishes nothing of its own (no heartbeat,
 liveness record or run definition), and it does not re-store what it reads (`cache_nearest=0`), so
 no swarm counts it. Only when asked (`writable`) does it store a record someone else sealed: an
-owner's revocation (`p2p-trainer revoke --initial-peers`). Heartbeats are read with `records.read_heartbeats` and its checks (signed by
-their own peer, well-formed, not stamped in the future); its DHT node installs the same record
-validator as every node. As a `NetNode` does, it leaves no DHT process, p2pd or socket file
+owner's revocation (`p2p-trainer revoke --initial-peers`). Heartbeats are read with
+`records.read_heartbeats` and its checks (signed by their own peer, well-formed, not stamped in the
+future); its DHT node installs the same record validator as every node. As a `NetNode` does, it leaves no DHT process, p2pd or socket file
 behind, also when its own process is killed (`reaper.py`).
 """
 
@@ -24,7 +24,7 @@ import hivemind
 from p2p_trainer import processes
 from p2p_trainer.net import reaper, records
 from p2p_trainer.net.addresses import unreachable_message, validate_initial_peers
-from p2p_trainer.net.dht import BOOTSTRAP_FAILURES, DHTCallTimeout, InitialPeersUnreachable
+from p2p_trainer.net.dht import BOOTSTRAP_FAILURES, InitialPeersUnreachable, wait_call
 from p2p_trainer.net.envelope import READ_DROPS, DropCounter
 from p2p_trainer.net.record_validator import SignedRecordValidator
 
@@ -142,28 +142,14 @@ class StatusClient:
     def get(self, key: object, latest: bool = False) -> object:
         """`records.DHTLike.get`, bounded by `call_timeout_s` (a dead DHT process ends it at once)."""
         future = self.dht.get(key, latest=latest, return_future=True)
-        deadline = time.monotonic() + self.call_timeout_s
-        while True:
-            try:
-                return future.result(timeout=0.1)
-            except TimeoutError:
-                if not self.dht.is_alive() or time.monotonic() >= deadline:
-                    future.cancel()
-                    raise DHTCallTimeout(f"DHT get of {key!r} did not finish") from None
+        return wait_call(self.dht, future, f"get of {key!r}", self.call_timeout_s)
 
     def store(self, key: object, value: object, expiration_time: float, subkey: object = None) -> bool:
-        """`records.DHTLike.store` if `writable`, bounded by `call_timeout_s`."""
+        """`records.DHTLike.store` if `writable`, bounded like `get`."""
         if not self.writable:
             raise PermissionError("the status client is read-only: it stores nothing")
         future = self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
-        deadline = time.monotonic() + self.call_timeout_s
-        while True:
-            try:
-                return bool(future.result(timeout=0.1))
-            except TimeoutError:
-                if not self.dht.is_alive() or time.monotonic() >= deadline:
-                    future.cancel()
-                    raise DHTCallTimeout(f"DHT store of {key!r} did not finish") from None
+        return bool(wait_call(self.dht, future, f"store of {key!r}", self.call_timeout_s))
 
     def read(self, swarm: str) -> SwarmStatus:
         return read_status(self, swarm, self.drops.counts())

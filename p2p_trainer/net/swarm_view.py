@@ -82,6 +82,9 @@ so one DHT read and store every few periods carries them to every peer within a 
 REPORT_MARGIN_PERIODS = 1.5
 """How many heartbeat periods a suspect report must postdate the suspect's newest heartbeat."""
 
+RECONNECT_LOG_S = 30.0
+"""While no peer is in view, the ping results are logged when they change or this often."""
+
 
 def reported_dead(beats: list[records.Heartbeat], self_id: str, now: float, margin_s: float) -> set[str]:
     """Peers named as suspects in a heartbeat more than `margin_s` newer than their own newest one
@@ -126,6 +129,8 @@ class SwarmView:
         self.status = PeerStatus()
         self._peers: list[records.Heartbeat] = []
         self._known: set[str] = set()
+        self._reconnect_said: tuple[int, int] | None = None
+        self._reconnect_said_at = 0.0
         self._last_live: set[str] = set()
         self._left: set[str] = set()
         self._heard: Callable[[float], set[str]] | None = None
@@ -233,7 +238,11 @@ class SwarmView:
         except (TimeoutError, RuntimeError) as exc:
             logger.info("no peer in view; pinging %d known peers failed: %s", len(targets), exc)
             return
-        logger.info("no peer in view; %d of %d known peers answered a ping", answered, len(targets))
+        # refreshes come every half second while a peer waits for others: say it once, not each time
+        said = (answered, len(targets))
+        if said != self._reconnect_said or time.monotonic() - self._reconnect_said_at > RECONNECT_LOG_S:
+            logger.info("no peer in view; %d of %d known peers answered a ping", answered, len(targets))
+            self._reconnect_said, self._reconnect_said_at = said, time.monotonic()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -340,10 +349,21 @@ class SwarmView:
         """No other peer is in view, but some were before: this peer was stalled or cut off."""
         return bool(self._known) and not (set(self.live_peers()) - {self.node.peer_id})
 
-    def wait_for(self, num_peers: int, timeout_s: float) -> int:
-        """Block until `num_peers` peers (self included) are live or the timeout passes; returns the count."""
+    def wait_for(self, num_peers: int, timeout_s: float, count_left: bool = False) -> int:
+        """Block until `num_peers` peers (self included) are live or the timeout passes; returns the
+        live count. With `count_left`, peers whose tombstone is in view count as arrived: one that
+        already finished its run (a short one, before this peer was up) will not come back, and
+        waiting for it would only spend the whole timeout."""
+
+        def arrived() -> int:
+            ids = set(self.live_peers()) | {self.node.peer_id}
+            if count_left:
+                with self._lock:
+                    ids |= self._left
+            return len(ids)
+
         deadline = time.monotonic() + timeout_s
-        while len(set(self.live_peers()) | {self.node.peer_id}) < num_peers and time.monotonic() < deadline:
+        while arrived() < num_peers and time.monotonic() < deadline:
             self._refresh()
             time.sleep(0.5)
         return len(set(self.live_peers()) | {self.node.peer_id})

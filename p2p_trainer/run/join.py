@@ -301,7 +301,7 @@ def enter(j: Joined, rejoining: bool) -> None:
             load_checkpoint(peer, j.ckpt)
             logger.info("no live donor; resumed own round %d from the checkpoint", peer.state.round)
         else:
-            live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s)
+            live = view.wait_for(opts.wait_for_peers, opts.wait_timeout_s, count_left=True)
             logger.info("starting from the seed's weights with %d live peers", live)
     j.server.publish(peer.state, peer.timing.t_step_s, skipped_s(peer))
     view.status.round = peer.state.round  # a resumed or late-joined peer can serve joiners at once

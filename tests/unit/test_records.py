@@ -204,6 +204,24 @@ def test_view_keeps_peers_heard_from_but_not_those_that_left(dht: hivemind.DHT) 
         view.close()
 
 
+def test_a_peer_that_already_left_is_not_waited_for_when_tombstones_count(dht: hivemind.DHT) -> None:
+    """A short run's first peer may finish before the second is up: its tombstone says it will
+    not come, so the second starts at once instead of waiting out its whole timeout."""
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    publish(dht, "gone", heartbeat(PEER_B, leaving=True), ttl_s=30)
+    view = SwarmView(_Node(dht, PEER_C), "gone", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
+    try:
+        started = time.monotonic()
+        assert view.wait_for(2, timeout_s=20.0, count_left=True) == 1  # only itself is live
+        assert time.monotonic() - started < 5.0
+        started = time.monotonic()
+        assert view.wait_for(2, timeout_s=1.5) == 1  # without: the left peer is waited for
+        assert time.monotonic() - started >= 1.5
+    finally:
+        view.close()
+
+
 def test_a_death_named_in_a_heartbeat_leaves_every_view_until_the_peer_beats_again(dht: hivemind.DHT) -> None:
     from p2p_trainer.net.swarm_view import SwarmView
 

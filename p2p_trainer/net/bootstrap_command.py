@@ -39,6 +39,14 @@ from p2p_trainer.net.signals import install_stop_handlers
     show_default=True,
     help="Forward messages to peers behind NAT that others cannot dial (README, Peers behind NAT).",
 )
+@click.option(
+    "--verify-records",
+    type=click.Choice(["on", "off"]),
+    default="on",
+    show_default=True,
+    help="Refuse unsigned or forged DHT records (SECURITY.md). Turn off only for a swarm whose peers "
+    "run with [security] defences = false, as the attack benchmarks' undefended arms do.",
+)
 @metrics_options("this node")
 @log_format_option
 def bootstrap(
@@ -51,6 +59,7 @@ def bootstrap(
     connect_attempts: int,
     address_file: str | None,
     relay: str,
+    verify_records: str,
     metrics_port: int | None,
     metrics_host: str,
     log_format: str,
@@ -73,6 +82,7 @@ def bootstrap(
         announce_host=announce_host,
         initial_peers=initial_peers,
         connect_attempts=connect_attempts,
+        verify_records=verify_records == "on",
     )
 
     def on_ready(maddrs: list[str]) -> None:

@@ -17,6 +17,8 @@ from nacl.signing import SigningKey
 from p2p_trainer.net import records
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.envelope import Signer
+from p2p_trainer.processes import Child
+from p2p_trainer.run.launcher import bootstrap_argv, read_initial_peers
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -94,3 +96,33 @@ def test_unsigned_and_forged_records_are_neither_stored_nor_returned(
     # the raw node holds all of them: the refusal is our validators', not the store path's
     found = raw.get(key, latest=True)
     assert found is not None and {phantom, b.peer_id} <= set(found.value)
+
+
+@pytest.mark.parametrize("verify", ["on", "off"])
+def test_bootstrap_node_keeps_unsigned_records_only_with_verification_off(
+    tmp_path: Path, verify: str
+) -> None:
+    """`bootstrap --verify-records off` (for a swarm run with the defences off) stores what any
+    plain DHT node writes; by default it refuses it. The writer leaves before a second plain node
+    looks, so only the bootstrap node can still hold the record."""
+    argv = bootstrap_argv(tmp_path / "boot.key", extra=["--verify-records", verify])
+    boot = Child("bootstrap", argv, tmp_path / "boot.log")
+    writer = reader = None
+    try:
+        line = read_initial_peers(boot.proc, tmp_path / "boot.log", 60)
+        peers = [word for word in line.split() if word != "--initial-peers"]
+        writer = hivemind.DHT(initial_peers=peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+        phantom = Signer(SigningKey(b"p" * 32)).peer_id
+        key, expiration = records.heartbeat_key(RUN), records.now() + 60
+        writer.store(key, beat(phantom).encode(), expiration, subkey=phantom)
+        writer.shutdown()
+        writer = None
+        reader = hivemind.DHT(initial_peers=peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+        found = reader.get(key, latest=True)
+        kept = found is not None and phantom in found.value
+        assert kept == (verify == "off"), f"--verify-records {verify}: stored {found}"
+    finally:
+        for node in (writer, reader):
+            if node is not None:
+                node.shutdown()
+        boot.stop(timeout_s=15)

@@ -28,6 +28,12 @@ from tests.conftest import tiny_config
 pytestmark = pytest.mark.timeout(300)
 ROUNDS = 30
 H = 5
+LONG_ROUNDS = 120
+THROUGH_THE_VIEW = {"impersonate", "replay"}
+"""Attacks that make honest peers look like joiners (round 0). A peer leaves joiners out only
+once it has trained for three heartbeat periods (6 s), and thirty tiny rounds are over in about
+five, so these arms, defended and not, run LONG_ROUNDS against a clean run of that length:
+long enough that the undefended arm shows the harm the defended one must not."""
 SPLIT = 0.7
 """Undefended, an attack splits the swarm if fewer than this share of the clean run's rounds merge."""
 TOLERANCE = 1.03
@@ -53,33 +59,56 @@ ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "r
 """A line the attacker logs once it has made its attack."""
 
 
-def _config(defences: bool) -> RunConfig:
-    cfg = tiny_config("factored", rounds=ROUNDS, h=H, **BOUNDED_WAITS)
+def _rounds(name: str | None) -> int:
+    return LONG_ROUNDS if name in THROUGH_THE_VIEW else ROUNDS
+
+
+def _config(defences: bool, rounds: int = ROUNDS) -> RunConfig:
+    cfg = tiny_config("factored", rounds=rounds, h=H, **BOUNDED_WAITS)
     return dataclasses.replace(cfg, security=SecurityConfig(defences=defences))
+
+
+def _clean_run(tmp_path_factory: pytest.TempPathFactory, rounds: int) -> Outcome:
+    out = run_attack(tmp_path_factory.mktemp("clean"), _config(True, rounds), None)
+    print(f"\n{out.row(out.mean_loss)}")
+    assert out.finished and out.final_rounds == [rounds] * 3, out.row(out.mean_loss)
+    assert math.isfinite(out.mean_loss)
+    return out
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    out = run_attack(tmp_path_factory.mktemp("clean"), _config(True), None)
-    print(f"\n{out.row(out.mean_loss)}")
-    assert out.finished and out.final_rounds == [ROUNDS] * 3, out.row(out.mean_loss)
-    assert math.isfinite(out.mean_loss)
+    return _clean_run(tmp_path_factory, ROUNDS)
+
+
+@pytest.fixture(scope="module")
+def clean_long(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    return _clean_run(tmp_path_factory, LONG_ROUNDS)
+
+
+def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
+    """The clean run of the same length as `name`'s arms (each is run only if an arm needs it)."""
+    fixture = "clean_long" if _rounds(name) == LONG_ROUNDS else "clean"
+    out: Outcome = request.getfixturevalue(fixture)
     return out
 
 
 def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outcome:
     attack = parse_attack(name)
-    out = run_attack(tmp_path, _config(defences), attack)
+    out = run_attack(tmp_path, _config(defences, _rounds(name)), attack)
     print(f"\n[defences {'on' if defences else 'off'}] {out.row(clean.mean_loss)}")
     assert ACTED[attack.kind] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
     return out
 
 
 @pytest.mark.parametrize("name", DEFENDED)
-def test_defended_swarm_trains_on(tmp_path: Path, name: str, clean: Outcome) -> None:
+def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.FixtureRequest) -> None:
+    clean = _baseline(name, request)
     out = _attacked(tmp_path, name, True, clean)
     assert out.finished, f"an honest peer crashed or hung: {out.row(clean.mean_loss)}"
-    assert out.final_rounds == [ROUNDS] * 3, f"an honest peer stopped early: {out.row(clean.mean_loss)}"
+    assert out.final_rounds == [_rounds(name)] * 3, (
+        f"an honest peer stopped early: {out.row(clean.mean_loss)}"
+    )
     bound = TOLERANCE * clean.mean_loss
     for i, loss in enumerate(out.val_losses):
         assert loss is not None and loss <= bound, (
@@ -131,7 +160,8 @@ HARM: dict[str, Harm] = {
 
 @pytest.mark.bench
 @pytest.mark.parametrize("name", ATTACKS)
-def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, clean: Outcome) -> None:
+def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, request: pytest.FixtureRequest) -> None:
+    clean = _baseline(name, request)
     out = _attacked(tmp_path, name, False, clean)
     assert HARM[name](out, clean), f"the attack did no measurable harm: {out.row(clean.mean_loss)}"
 

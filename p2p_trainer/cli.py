@@ -145,7 +145,7 @@ def _wait_for_initial_peers(
     show_default=True,
     type=click.IntRange(min=1),
     help="Peers (self included) to wait for before the first round of a new swarm; a peer that "
-    "already finished and left (a short run) counts as arrived.",
+    "left within the last heartbeat TTL (it finished a short run) counts as arrived.",
 )
 @click.option(
     "--wait-timeout-s",

@@ -238,7 +238,8 @@ class SwarmView:
         except (TimeoutError, RuntimeError) as exc:
             logger.info("no peer in view; pinging %d known peers failed: %s", len(targets), exc)
             return
-        # refreshes come every half second while a peer waits for others: say it once, not each time
+        # refreshes come every half second while a peer waits for others: say it when the answer
+        # changes, and otherwise every RECONNECT_LOG_S
         said = (answered, len(targets))
         if said != self._reconnect_said or time.monotonic() - self._reconnect_said_at > RECONNECT_LOG_S:
             logger.info("no peer in view; %d of %d known peers answered a ping", answered, len(targets))

@@ -74,6 +74,12 @@ def python_argv() -> list[str]:
     return [sys.executable, "-m", "p2p_trainer"]
 
 
+def record_checks(cfg: RunConfig) -> list[str]:
+    """The bootstrap options matching `cfg`'s peers: peers with the defences off accept unsigned
+    records, and a bootstrap node that refused them would hide what forged records do there."""
+    return [] if cfg.security.defences else ["--verify-records", "off"]
+
+
 def bootstrap_argv(
     identity: Path,
     host: str = LOOPBACK,
@@ -286,12 +292,9 @@ class LocalSwarm:
 
     def start_bootstrap(self) -> Child:
         log = self.opts.run_dir / "bootstrap.log"
-        # peers with the defences off accept unsigned records; a bootstrap node that refused them
-        # would hide from such a swarm what forged records do
-        checks = [] if self.opts.run.security.defences else ["--verify-records", "off"]
         argv = bootstrap_argv(
             self.opts.run_dir / "keys" / "bootstrap.key",
-            extra=[*self._metrics_args(self.opts.peers), *checks],
+            extra=[*self._metrics_args(self.opts.peers), *record_checks(self.opts.run)],
         )
         boot = self._start(Child("bootstrap", argv, log))
         try:

@@ -15,6 +15,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,10 +51,20 @@ ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
 IN_MAKE_TEST = ["flip:10", "owner:10", "impersonate", "huge-round", "donor"]
 """The defended arms `make test` runs: a contribution, a part owner's result, a forged record, a
-forged round and a poisoned donor (about a minute each). The other defended arms, and every
+forged round and a poisoned donor (about a minute each; `impersonate` runs LONG_ROUNDS, and its
+clean run of that length with it). The other defended arms, and every
 undefended one, run under `make bench-check`; `streams:200` is open there (its descriptors are not
 yet bounded, docs/security-results.md)."""
-DEFENDED = [name if name in IN_MAKE_TEST else pytest.param(name, marks=pytest.mark.bench) for name in ATTACKS]
+LONG_TIMEOUT = pytest.mark.timeout(720)
+"""For a LONG_ROUNDS arm: its own run and, the first time, the clean run of that length."""
+
+
+def _arm(name: str, bench: bool) -> Any:
+    marks = [pytest.mark.bench] if bench else []
+    return pytest.param(name, marks=[*marks, LONG_TIMEOUT] if name in THROUGH_THE_VIEW else marks)
+
+
+DEFENDED = [_arm(name, bench=name not in IN_MAKE_TEST) for name in ATTACKS]
 
 ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "ready", "streams": "holding"}
 """A line the attacker logs once it has made its attack."""
@@ -68,8 +79,15 @@ def _config(defences: bool, rounds: int = ROUNDS) -> RunConfig:
     return dataclasses.replace(cfg, security=SecurityConfig(defences=defences))
 
 
+def _timeout_s(rounds: int) -> float:
+    """How long the honest peers may take: 180 s for ROUNDS, more for longer runs."""
+    return 180.0 * max(1.0, rounds / ROUNDS) ** 0.5
+
+
 def _clean_run(tmp_path_factory: pytest.TempPathFactory, rounds: int) -> Outcome:
-    out = run_attack(tmp_path_factory.mktemp("clean"), _config(True, rounds), None)
+    out = run_attack(
+        tmp_path_factory.mktemp("clean"), _config(True, rounds), None, timeout_s=_timeout_s(rounds)
+    )
     print(f"\n{out.row(out.mean_loss)}")
     assert out.finished and out.final_rounds == [rounds] * 3, out.row(out.mean_loss)
     assert math.isfinite(out.mean_loss)
@@ -95,7 +113,8 @@ def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
 
 def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outcome:
     attack = parse_attack(name)
-    out = run_attack(tmp_path, _config(defences, _rounds(name)), attack)
+    rounds = _rounds(name)
+    out = run_attack(tmp_path, _config(defences, rounds), attack, timeout_s=_timeout_s(rounds))
     print(f"\n[defences {'on' if defences else 'off'}] {out.row(clean.mean_loss)}")
     assert ACTED[attack.kind] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
     return out
@@ -127,8 +146,8 @@ def _worse_loss(out: Outcome, clean: Outcome) -> bool:
 def _split(out: Outcome, clean: Outcome) -> bool:
     """The honest peers stopped averaging: far fewer rounds merged in full than in the clean run.
 
-    Thirty rounds of a tiny model are too few for the swarm's gain over lone training to show in
-    the loss, so attacks that split the swarm are judged by the merges they cost."""
+    A few dozen rounds of a tiny model are too few for the swarm's gain over lone training to show
+    in the loss, so attacks that split the swarm are judged by the merges they cost."""
     share = sum(out.merged_share) / len(out.merged_share)
     return _worse_loss(out, clean) or share < SPLIT * sum(clean.merged_share) / len(clean.merged_share)
 
@@ -159,7 +178,7 @@ HARM: dict[str, Harm] = {
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("name", ATTACKS)
+@pytest.mark.parametrize("name", [_arm(name, bench=True) for name in ATTACKS])
 def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, request: pytest.FixtureRequest) -> None:
     clean = _baseline(name, request)
     out = _attacked(tmp_path, name, False, clean)

@@ -209,7 +209,7 @@ def test_a_peer_that_already_left_is_not_waited_for_when_tombstones_count(dht: h
     not come, so the second starts at once instead of waiting out its whole timeout."""
     from p2p_trainer.net.swarm_view import SwarmView
 
-    publish(dht, "gone", heartbeat(PEER_B, leaving=True), ttl_s=30)
+    publish(dht, "gone", heartbeat(PEER_B, leaving=True), ttl_s=8)  # a tombstone's TTL
     view = SwarmView(_Node(dht, PEER_C), "gone", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
     try:
         started = time.monotonic()

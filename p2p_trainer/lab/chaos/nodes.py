@@ -23,6 +23,7 @@ from p2p_trainer.run.launcher import (
     join_argv,
     peer_args,
     read_initial_peers,
+    record_checks,
     thread_env,
 )
 
@@ -181,7 +182,11 @@ class TestbedChaosSwarm(ChaosSwarm):
         node = self._run(
             "boot",
             "bootstrap",
-            bootstrap_argv(self.opts.run_dir / "keys" / "bootstrap.key", host=self.tb.address("boot")),
+            bootstrap_argv(
+                self.opts.run_dir / "keys" / "bootstrap.key",
+                host=self.tb.address("boot"),
+                extra=record_checks(self.opts.run),
+            ),
             self.opts.run_dir / "bootstrap.log",
         )
         try:

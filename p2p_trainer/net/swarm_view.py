@@ -356,18 +356,21 @@ class SwarmView:
         already finished its run (a short one, before this peer was up) will not come back, and
         waiting for it would only spend the whole timeout."""
 
-        def arrived() -> int:
-            ids = set(self.live_peers()) | {self.node.peer_id}
-            if count_left:
-                with self._lock:
-                    ids |= self._left
-            return len(ids)
+        def live() -> set[str]:
+            return set(self.live_peers()) | {self.node.peer_id}
+
+        def arrived() -> set[str]:
+            if not count_left:
+                return live()
+            with self._lock:
+                left = set(self._left)
+            return live() | left
 
         deadline = time.monotonic() + timeout_s
-        while arrived() < num_peers and time.monotonic() < deadline:
+        while len(arrived()) < num_peers and time.monotonic() < deadline:
             self._refresh()
             time.sleep(0.5)
-        return len(set(self.live_peers()) | {self.node.peer_id})
+        return len(live())
 
     def close(self) -> None:
         """Stop heartbeating and withdraw: a tombstone replaces this peer's heartbeat record."""

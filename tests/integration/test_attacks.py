@@ -70,7 +70,7 @@ ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "r
 """A line the attacker logs once it has made its attack."""
 
 
-def _rounds(name: str | None) -> int:
+def _rounds(name: str) -> int:
     return LONG_ROUNDS if name in THROUGH_THE_VIEW else ROUNDS
 
 
@@ -106,7 +106,7 @@ def clean_long(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 
 def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
     """The clean run of the same length as `name`'s arms (each is run only if an arm needs it)."""
-    fixture = "clean_long" if _rounds(name) == LONG_ROUNDS else "clean"
+    fixture = "clean_long" if name in THROUGH_THE_VIEW else "clean"
     out: Outcome = request.getfixturevalue(fixture)
     return out
 

@@ -26,6 +26,7 @@ import logging
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -65,23 +66,39 @@ def member(args: argparse.Namespace) -> int:
     from hivemind.utils import get_dht_time
 
     from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
+    from p2p_trainer.net.direct import format_address
+    from p2p_trainer.net.envelope import Signer
+    from p2p_trainer.net.identity import load_or_create_identity, load_signing_key
     from p2p_trainer.net.transport import Transport
 
+    # the direct data plane's sender is the identity key's peer id: p2pd must run with that key
+    key_dir = tempfile.mkdtemp(prefix="exchange-profile-")
+    identity = load_or_create_identity(Path(key_dir) / "member.key")
     dht = hivemind.DHT(
         initial_peers=args.initial_peer,
         host_maddrs=[f"/ip4/0.0.0.0/tcp/{args.port}"],
         announce_maddrs=[f"/ip4/{args.address}/tcp/{args.port}"],
+        identity_path=str(identity.path),
+        check_if_identity_free=False,  # hivemind's check assumes RSA keys
         start=True,
     )
-    transport = Transport(dht, max_payload_bytes=4 * args.floats + 1024)
+    transport = Transport(
+        dht, max_payload_bytes=4 * args.floats + 1024, signer=Signer(load_signing_key(identity))
+    )
+    data_address = ""
+    if args.data_plane == "direct":
+        data_address = format_address(args.address, transport.start_direct("0.0.0.0"))
     print(json.dumps({"maddrs": [str(m) for m in dht.get_visible_maddrs()]}), flush=True)
-    dht.store(GROUP_KEY, transport.peer_id, get_dht_time() + 600, subkey=args.index)
+    dht.store(GROUP_KEY, [transport.peer_id, data_address], get_dht_time() + 600, subkey=args.index)
     members: list[str] = []
+    addresses: dict[str, str] = {}
     deadline = time.monotonic() + 60
     while len(members) < args.n and time.monotonic() < deadline:
         found = dht.get(GROUP_KEY, latest=True)
-        members = sorted(v.value for v in found.value.values()) if found is not None else []
+        addresses = dict(v.value for v in found.value.values()) if found is not None else {}
+        members = sorted(addresses)
         time.sleep(0.2)
+    transport.direct_address = lambda peer: addresses.get(peer) or None
     if len(members) < args.n:
         print(json.dumps({"error": f"saw {len(members)} of {args.n} members"}), flush=True)
         return 1
@@ -173,6 +190,7 @@ def main() -> int:
     m.add_argument("--period-s", type=float, required=True)
     m.add_argument("--initial-peer", action="append", default=[])
     m.add_argument("--busy", action="store_true")
+    m.add_argument("--data-plane", choices=["direct", "p2pd"], default="direct")
     p.add_argument("--peers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--rate-mbit", type=float, default=10.0)

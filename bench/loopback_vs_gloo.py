@@ -3,7 +3,8 @@
     python -m bench.loopback_vs_gloo [--peers 4] [--rounds 6] [--out bench/results/loopback]
 
 Both arms average the same float32 vector (837,888 values, the default model) among N processes
-on this machine, with nothing else running. Ours: N member processes of `bench.exchange_profile`
+on this machine, with nothing else running. Ours, twice: messages over p2pd streams, then over the
+direct data plane (`net/direct.py`, the default): N member processes of `bench.exchange_profile`
 (hivemind DHT + p2pd + our Transport, the real stack) on 127.0.0.1, each exchange started at a
 time agreed in advance and timed from that start to the member's own result. Gloo:
 `torch.distributed` with the gloo backend over TCP on 127.0.0.1 (its default all-reduce
@@ -76,10 +77,10 @@ def gloo(world: int, floats: int, rounds: int) -> list[float]:
     return [max(per_rank[r][k] for r in per_rank) for k in range(rounds)]
 
 
-def ours(n: int, floats: int, rounds: int, period_s: float) -> list[float]:
+def ours(n: int, floats: int, rounds: int, period_s: float, data_plane: str) -> list[float]:
     """Per exchange, the slowest member's time from the agreed start to its result."""
     base = [sys.executable, "-m", "bench.exchange_profile", "member", "--n", str(n), "--floats", str(floats)]
-    base += ["--rounds", str(rounds), "--period-s", str(period_s)]
+    base += ["--rounds", str(rounds), "--period-s", str(period_s), "--data-plane", data_plane]
     t0 = time.time() + 30.0  # DHT start, joins and the member list
     procs: list[subprocess.Popen[str]] = []
     first: str | None = None
@@ -125,21 +126,25 @@ def main() -> int:
     args = p.parse_args()
     load0 = os.getloadavg()[0]
     g = gloo(args.peers, args.floats, args.rounds)
-    o = ours(args.peers, args.floats, args.rounds, args.period_s)
+    via_p2pd = ours(args.peers, args.floats, args.rounds, args.period_s, "p2pd")
+    o = ours(args.peers, args.floats, args.rounds, args.period_s, "direct")
     ratio = statistics.median(o) / statistics.median(g)
     summary = {
         "peers": args.peers,
         "floats": args.floats,
         "gloo_s": g,
         "ours_s": o,
+        "ours_p2pd_s": via_p2pd,
         "ratio_median": ratio,
+        "ratio_median_p2pd": statistics.median(via_p2pd) / statistics.median(g),
         "target": 2.0,
         "met": ratio <= 2.0,
         "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "machine": f"{platform.node()}, {os.cpu_count()} cores",
     }
     print(f"gloo all-reduce: {spread(g)}")
-    print(f"ours (butterfly over p2pd): {spread(o)}")
+    print(f"ours, butterfly over p2pd streams: {spread(via_p2pd)}")
+    print(f"ours, butterfly over the direct data plane (the default): {spread(o)}")
     print(f"ratio of medians: {ratio:.2f} (target <= 2.0: {'met' if ratio <= 2.0 else 'missed'})")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -351,6 +351,9 @@ class ExchangeConfig:
         return min(self.timeout_s, self.quorum_wait_max_s + 3 * self.grace_max_s)
 
 
+DATA_PLANES = ("direct", "p2pd")
+
+
 @dataclass(frozen=True)
 class NetworkConfig:
     """Timing of the swarm's control plane: heartbeats, the live view and state downloads."""
@@ -369,12 +372,26 @@ class NetworkConfig:
     """A state download from which no bytes arrive for this long fails; the next donor is tried."""
     late_join_patience_s: float = 30.0
     """How long a late joiner keeps trying donors it can see before it gives up."""
+    data_plane: str = "direct"
+    """How exchange messages travel: "direct" (TCP connections of the peers' own, authenticated
+    with their identity keys; p2pd for a peer that cannot be reached so) or "p2pd" (always)."""
+    data_port: int = 0
+    """TCP port of the direct data plane (0: any free one; set one to open it in a firewall)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "network")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            require(value > 0, f"network.{f.name}={value}: use a positive number of seconds")
+            if f.name.endswith("_s"):
+                require(value > 0, f"network.{f.name}={value}: use a positive number of seconds")
+        require(
+            self.data_plane in DATA_PLANES,
+            f"network.data_plane={self.data_plane!r}: use one of {', '.join(DATA_PLANES)}",
+        )
+        require(
+            isinstance(self.data_port, int) and 0 <= self.data_port < 65536,
+            f"network.data_port={self.data_port}: use a TCP port (1-65535), or 0 for any free one",
+        )
         require(
             self.heartbeat_ttl_s > self.view_period_s,
             f"network.heartbeat_ttl_s={self.heartbeat_ttl_s} must exceed network.view_period_s="

@@ -92,6 +92,8 @@ class TransportCounters:
     bytes_sent: int
     messages_received: int
     bytes_received: int
+    direct_sent: int = 0
+    """Of `messages_sent`, those that went over the direct data plane (`direct.py`)."""
 
     @classmethod
     def of(cls, transport: Transport) -> TransportCounters:
@@ -100,6 +102,7 @@ class TransportCounters:
             transport.bytes_sent,
             transport.messages_received,
             transport.bytes_received,
+            transport.direct_sent,
         )
 
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import msgpack
 from hivemind.utils.timed_storage import get_dht_time
 
+from p2p_trainer.net.direct import check_address
 from p2p_trainer.net.envelope import READ_DROPS, EnvelopeError, Signer, open_envelope, open_verified
 from p2p_trainer.net.identity import B58_ALPHABET
 from p2p_trainer.round_log import EXCHANGE_OUTCOMES
@@ -166,11 +167,15 @@ class Heartbeat:
     """What its start-up dial-back check found (`REACHABILITY`); "": not reported."""
     last_exchange: str = ""
     """The worst outcome of its last round's exchanges (`EXCHANGE_OUTCOMES`); "": none yet."""
+    data_address: str = ""
+    """Where its direct data plane listens (`direct.py`: an IP and a port); "": use p2pd."""
 
     def encode(self) -> bytes:
         fields = asdict(self)
         if not self.invitation:  # most swarms are open: their heartbeats carry no invitation field
             del fields["invitation"]
+        if not self.data_address:
+            del fields["data_address"]
         for name in PROGRESS_FIELDS:  # every peer reads every heartbeat each period: no zeros sent
             if not fields[name]:
                 del fields[name]
@@ -206,6 +211,7 @@ class Heartbeat:
             bytes_received=_count(fields, "bytes_received", MAX_BYTES),
             reachability=_word(fields, "reachability", ("", *REACHABILITY)),
             last_exchange=_word(fields, "last_exchange", ("", *EXCHANGE_OUTCOMES)),
+            data_address=_data_address(fields.get("data_address", "")),
         )
         if beat.round_steps and beat.round_step > beat.round_steps:
             raise RecordError(
@@ -239,6 +245,18 @@ def _count(fields: dict[str, object], name: str, bound: int) -> int:
     value = fields.get(name, 0)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
         raise RecordError(f"field {name!r} = {value!r} is not an int in [0, {bound})")
+    return value
+
+
+def _data_address(value: object) -> str:
+    if value == "":
+        return ""
+    if not isinstance(value, str):
+        raise RecordError(f"field 'data_address' has type {type(value).__name__}")
+    try:
+        check_address(value)
+    except ValueError as exc:
+        raise RecordError(f"field 'data_address': {exc}") from None
     return value
 
 

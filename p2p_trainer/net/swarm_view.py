@@ -73,6 +73,8 @@ class PeerStatus:
     """What the start-up reachability check found (`records.REACHABILITY`; "": not yet run)."""
     last_exchange: str = ""
     """The worst outcome among the last round's exchanges (`round_log.EXCHANGE_OUTCOMES`)."""
+    data_address: str = ""
+    """Where this peer's direct data plane listens ("": it has none)."""
 
 
 REVOCATION_EVERY = 5
@@ -116,8 +118,10 @@ class SwarmView:
         ttl_s: float = NetworkConfig.heartbeat_ttl_s,
         security: SecurityConfig | None = None,
         invitation: str = "",
+        data_address: str = "",
     ) -> None:
-        """`invitation`: this peer's, carried in its heartbeat (`admission.py`)."""
+        """`invitation`: this peer's, carried in its heartbeat (`admission.py`); `data_address`:
+        where its direct data plane listens (`direct.py`)."""
         self.node, self.run_name = node, run_name
         self.invitation = invitation
         self.period_s, self.ttl_s = period_s, ttl_s
@@ -126,7 +130,7 @@ class SwarmView:
         self.admission = Admission(sec, run_name)
         self._bounds = HeartbeatBounds(sec.round_window, sec.clock_skew_s, sec.max_throughput_tokens_per_s)
         self._replays = ReplayFilter(forget_after_s=ttl_s)
-        self.status = PeerStatus()
+        self.status = PeerStatus(data_address=data_address)
         self._peers: list[records.Heartbeat] = []
         self._known: set[str] = set()
         self._reconnect_said: tuple[int, int] | None = None
@@ -178,6 +182,7 @@ class SwarmView:
             bytes_received=min(st.bytes_received, records.MAX_BYTES - 1),
             reachability=st.reachability,
             last_exchange=st.last_exchange,
+            data_address=st.data_address,
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str]]:
@@ -255,6 +260,13 @@ class SwarmView:
     def heartbeats(self) -> list[records.Heartbeat]:
         with self._lock:
             return list(self._peers)
+
+    def data_address(self, peer_id: str) -> str | None:
+        """Where `peer_id`'s direct data plane listens, by its newest heartbeat in view."""
+        for beat in self.heartbeats():
+            if beat.peer_id == peer_id:
+                return beat.data_address or None
+        return None
 
     def hear_from(self, heard_within: Callable[[float], set[str]]) -> None:
         """Also count as live the peers `heard_within(ttl_s)` returns (those whose messages arrived)."""

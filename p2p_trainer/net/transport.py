@@ -5,6 +5,10 @@ sender of every message is the libp2p-authenticated peer id of its stream, never
 An asyncio loop (uvloop) runs in a daemon thread so the training thread never blocks on I/O.
 Received messages wait in a bounded mailbox until the exchange that expects them collects them.
 
+With the direct data plane started (`direct.py`), a message to a peer whose heartbeat gives a
+`data_address` goes over a persistent, key-authenticated TCP connection of our own instead; a
+peer that cannot be reached that way is sent to through p2pd for `RELAYED_FOR_S`.
+
 A peer this one cannot open a stream to (behind NAT, say) is tried through `relays`
 (`message_relay.py`): the message is signed for it, so the relay cannot forge its sender.
 
@@ -28,11 +32,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
+import uvloop
 from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
 
 from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.net import message_relay as relay
+from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
@@ -46,6 +52,8 @@ HELLO_PROTOCOL = "p2p-trainer/hello/1"
 RELAYED_FOR_S = 30.0
 """After a direct stream to a peer failed, send to it through a relay for this long before
 trying directly again (a dial to an address behind NAT can take seconds to fail)."""
+DIRECT_BACKOFF_MAX_S = 600.0
+"""Longest wait before a peer that could not be dialled directly is tried that way again."""
 VIEW_WAIT_S = 2.0
 """How long a stream from a peer not (yet) in the live view is held, unread, before it is closed:
 the view refreshes every view period, so a peer that has just joined enters it meanwhile. Its
@@ -234,9 +242,17 @@ class Transport:
         self.messages_sent = 0
         """Exchange messages delivered (payload-free ones too, which `bytes_sent` does not show)."""
         self.messages_received = 0
+        self.direct: DirectPlane | None = None
+        """The direct data plane, once `start_direct` ran."""
+        self.direct_address: Callable[[str], str | None] = lambda _: None
+        """A peer's `data_address` from its heartbeat, or None (the swarm view, once wired)."""
+        self._direct_down_until: dict[str, float] = {}
+        self._direct_failures: dict[str, int] = {}
+        self.direct_sent = 0
+        """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
         """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
-        self._loop = asyncio.new_event_loop()
+        self._loop = uvloop.new_event_loop()  # its sockets and callbacks cost less CPU per message
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2p-transport", daemon=True)
         self._thread.start()
         self._handlers: dict[
@@ -259,8 +275,26 @@ class Transport:
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         return self.submit(coro).result(timeout_s)
 
+    def start_direct(self, host: str, port: int = 0) -> int:
+        """Listen for direct connections on (host, port); returns the port (`direct.py`)."""
+        assert self.signer is not None, "the direct data plane authenticates with the identity key"
+        sec = self.security
+        receiver = Receiver(
+            admit=self._admit,
+            accepts=lambda sender: not sec.defences or self.accept_from(sender),
+            deliver=self._deliver_raw,
+            max_header_bytes=MAX_HEADER_BYTES,
+            max_payload_bytes=self.max_payload_bytes,
+            read_timeout_s=sec.stream_read_timeout_s if sec.defences else None,
+            max_conns_per_sender=sec.sender_open_streams,
+        )
+        self.direct = DirectPlane(self.signer, receiver)
+        return self.run(self.direct.listen(host, port), timeout_s=10)
+
     # ----------------------------------------------------------------- sending
     async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        if self.direct is not None and await self._send_direct(peer_id, header, payload):
+            return
         relays = self.relays if self.signer is not None else []
         if relays and self._relayed_until.get(peer_id, 0.0) > time.monotonic():
             await self._send_relayed(relays, peer_id, header, payload)
@@ -284,6 +318,28 @@ class Transport:
             self._sent(peer_id, payload)
         finally:
             writer.close()
+
+    async def _send_direct(self, peer_id: str, header: dict[str, Any], payload: bytes) -> bool:
+        """Whether the message went over the direct data plane; False: use p2pd for it."""
+        assert self.direct is not None
+        address = self.direct_address(peer_id)
+        if address is None or self._direct_down_until.get(peer_id, 0.0) > time.monotonic():
+            return False
+        try:
+            taken = await self.direct.send(peer_id, address, encode_header(header), payload)
+        except DirectError as exc:
+            # a peer behind NAT stays undiallable: back off so each retry costs a connect timeout rarely
+            failures = self._direct_failures[peer_id] = self._direct_failures.get(peer_id, 0) + 1
+            wait_s = min(DIRECT_BACKOFF_MAX_S, RELAYED_FOR_S * 2 ** (failures - 1))
+            logger.debug("no direct connection to %s (%s): p2pd for %.0f s", peer_id[-8:], exc, wait_s)
+            self._direct_down_until[peer_id] = time.monotonic() + wait_s
+            return False
+        self._direct_failures.pop(peer_id, None)
+        if not taken:
+            logger.debug("%s closed a direct message unread (this peer is not in its view)", peer_id[-8:])
+        self._sent(peer_id, payload)
+        self.direct_sent += 1
+        return True
 
     def _sent(self, peer_id: str, payload: bytes) -> None:
         self.bytes_sent += len(payload)
@@ -334,6 +390,27 @@ class Transport:
                 writer.close()
 
         await self.p2p.add_binary_stream_handler(protocol, on_stream)
+
+    async def _admit(self, sender: str) -> bool:
+        """Whether to take a direct connection from `sender` (held a while for the view, as a stream)."""
+        if self.security.defences and not self.accept_from(sender):
+            await self._wait_for_view(sender)
+            return self.accept_from(sender)
+        return True
+
+    def _deliver_raw(self, sender: str, header_raw: bytes, payload: bytes) -> None:
+        try:
+            header = decode_header(header_raw)
+        except MessageError as exc:
+            logger.warning("message from %s dropped: %s", sender, exc)
+            return
+        self._deliver(sender, header, payload)
+
+    def _deliver(self, sender: str, header: dict[str, Any], payload: bytes) -> None:
+        self.bytes_received += len(payload)
+        self.messages_received += 1
+        self._last_heard[sender] = time.monotonic()
+        self.mailbox.put(f"{header['key']}|{sender}", Message(sender, header, payload))
 
     def _refusal(self, sender: str) -> str | None:
         """Why a new stream from `sender` is closed unread, or None (defences on only)."""
@@ -420,10 +497,7 @@ class Transport:
         try:
             timeout = self.security.stream_read_timeout_s if self.security.defences else None
             header, payload = await asyncio.wait_for(read(reader), timeout)
-            self.bytes_received += len(payload)
-            self.messages_received += 1
-            self._last_heard[sender] = time.monotonic()
-            self.mailbox.put(f"{header['key']}|{sender}", Message(sender, header, payload))
+            self._deliver(sender, header, payload)
         except (MessageError, asyncio.IncompleteReadError, ConnectionError) as exc:
             logger.warning("message from %s dropped: %s", sender, exc)
         except asyncio.TimeoutError:
@@ -439,6 +513,8 @@ class Transport:
         return {p for p, t in list(self._last_heard.items()) if t >= since}
 
     def close(self) -> None:
+        if self.direct_sent:
+            logger.info("over the direct data plane: %d messages sent", self.direct_sent)
         if self.relayed_sent or self.relayed_received:
             logger.info(
                 "through relays: %d messages sent, %d received", self.relayed_sent, self.relayed_received
@@ -452,6 +528,8 @@ class Transport:
             for task in others:
                 task.cancel()
             await asyncio.gather(*others, return_exceptions=True)
+            if self.direct is not None:
+                await self.direct.close()
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
                 for protocol in (PROTOCOL, relay.RELAYED_PROTOCOL, HELLO_PROTOCOL):
                     await self.p2p.remove_binary_stream_handler(protocol)

@@ -26,6 +26,7 @@ from p2p_trainer.logs import CONTEXT
 from p2p_trainer.net import behind_nat
 from p2p_trainer.net.admission import Admission, InvitationError, check_entry
 from p2p_trainer.net.align import RoundAligner
+from p2p_trainer.net.data_plane import start_data_plane
 from p2p_trainer.net.dht import DHTConfig, NetNode
 from p2p_trainer.net.envelope import READ_DROPS, DropTally
 from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
@@ -216,7 +217,11 @@ def start(
     )
     leave.callback(transport.close)
     net = opts.run.network
-    view = SwarmView(node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation)
+    # listening before the first heartbeat, which then carries the address
+    data_address = start_data_plane(node, transport, net.data_port) if net.data_plane == "direct" else ""
+    view = SwarmView(
+        node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation, data_address
+    )
     leave.callback(view.close)
     nat = behind_nat.set_up(opts.relay, node, transport, view.live_peers)
     leave.callback(nat.close)
@@ -231,6 +236,8 @@ def start(
     # (constant work per round, §6). Anything above is more than a peer could have processed.
     view.hear_from(transport.heard_within)  # exchanges are evidence of life too (swarm_view.py)
     transport.accept_from = lambda peer: peer in view.live_peers()  # nobody enters the view by a message
+    if net.data_plane == "direct":
+        transport.direct_address = view.data_address
     faults = FaultInjector(opts.kill_self_at)
     tap = open_tap(opts.record_exchanges, node.peer_id)
     leave.callback(lambda: tap.close(TransportCounters.of(transport)))  # before the transport closes

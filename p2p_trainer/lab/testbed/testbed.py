@@ -20,6 +20,7 @@ outside the peers' quotas, so it is off by default and plain links have ~0.05 ms
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -440,7 +441,14 @@ class Testbed:
         return pids
 
     def kill(self, pid: int, tree: bool = True) -> set[int]:
-        """SIGKILL the process (and children), reap it if we started it, remove its p2pd sockets."""
+        """SIGKILL the process (and children), reap it if we started it, remove its p2pd sockets.
+
+        A process this testbed started that has exited meanwhile (a zombie, or already reaped) is
+        only reaped: a caller's `poll()` and this call race with the process's own exit."""
+        if pid in self._procs and not processes.is_alive(pid):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._procs[pid].wait(timeout=self.config.kill_grace_s)
+            return set()
         targets = self._targets(pid, tree)
         self._kill_and_reap(targets)
         return targets

@@ -1,0 +1,348 @@
+"""The direct data plane: exchange messages over TCP connections of our own, beside p2pd.
+
+Why: a message through p2pd goes Python → unix socket → p2pd → TCP → p2pd → unix socket → Python
+and opens a new libp2p stream each time; on loopback one exchange of the default model took 12.7 ×
+a gloo all-reduce of the same tensor (bench/RESULTS.md). Here each pair of peers keeps persistent
+TCP connections; a message is framed as on p2pd (8-byte big-endian length, msgpack header, raw
+payload) and acknowledged once it sits in the receiver's mailbox, so "sent" still means delivered.
+
+Authentication. A peer id is its Ed25519 public key (`identity.py`), so a handshake proves both
+ends: each side sends a fresh nonce and its public key, and signs (role, its peer's nonce, its own
+nonce, its peer's public key). The dialler checks that the key it reached makes the peer id it
+meant to reach; the listener takes the dialler's key as the sender of everything on that
+connection. A recorded handshake cannot be replayed: the other side's nonce is new each time.
+
+Where a peer listens: its heartbeat's `data_address` (an IP literal and a port, never a name to
+resolve). A peer without one (an older version, `network.data_plane = "p2pd"`) or whose address
+does not answer (behind NAT, a firewall) is sent to through p2pd as before, which also tries relays.
+
+Bounds, since anyone who can reach the port may connect: at most `MAX_HANDSHAKES` connections
+in their handshake at once, each given `HANDSHAKE_TIMEOUT_S`; per authenticated sender at most
+`max_conns_per_sender` connections (further ones are refused in the handshake); an idle
+connection closes after `IDLE_S`. Each message then passes the transport's own checks (live view,
+mailbox quota, read timeout, size limits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgpack
+import nacl.exceptions
+import nacl.signing
+
+from p2p_trainer.net.envelope import Signer
+from p2p_trainer.net.identity import peer_id_from_public_key
+
+logger = logging.getLogger(__name__)
+
+LENGTH_BYTES = 8
+BYTEORDER: Literal["big"] = "big"
+MAX_HELLO_BYTES = 512
+NONCE_BYTES = 32
+DOMAIN = b"p2p-trainer/direct/1"
+MAX_HANDSHAKES = 64
+HANDSHAKE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0
+IDLE_S = 120.0
+"""The listener closes a connection idle this long; the dialler reuses one only if idle for less
+than half of it, so it does not write into a connection the other end is closing."""
+MAX_ADDRESS_CHARS = 64
+ACCEPTED, REFUSED = b"\x01", b"\x00"
+
+
+class DirectError(ConnectionError):
+    """This peer cannot be reached directly (no answer, wrong key, refused): use p2pd instead."""
+
+
+def check_address(text: str) -> tuple[str, int]:
+    """(host, port) of a `data_address`: an IP literal and a port, `1.2.3.4:5` or `[::1]:5`."""
+    if len(text) > MAX_ADDRESS_CHARS:
+        raise ValueError(f"address of {len(text)} characters (at most {MAX_ADDRESS_CHARS})")
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"address {text!r} is not host:port")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    ip = ipaddress.ip_address(host)  # raises ValueError for names: nothing is resolved
+    if ip.is_unspecified or ip.is_multicast:
+        raise ValueError(f"address {host} cannot be dialled")
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(LENGTH_BYTES, BYTEORDER) + data
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    size = int.from_bytes(await reader.readexactly(LENGTH_BYTES), BYTEORDER)
+    if size > max_bytes:
+        raise ValueError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    return await reader.readexactly(size)
+
+
+def _signed_part(role: bytes, their_nonce: bytes, my_nonce: bytes, their_key: bytes) -> bytes:
+    return DOMAIN + b"|" + role + b"|" + their_nonce + my_nonce + their_key
+
+
+def _unpack_map(raw: bytes) -> dict[str, object]:
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise ValueError(f"undecodable handshake: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("handshake must be a map")
+    return value
+
+
+def _hello(raw: bytes, need_signature: bool) -> tuple[bytes, bytes, bytes]:
+    """(public key, nonce, signature) of a handshake message, each checked for type and size."""
+    hello = _unpack_map(raw)
+    key, nonce, sig = hello.get("pk", b""), hello.get("n", b""), hello.get("s", b"")
+    if not (isinstance(key, bytes) and len(key) == 32):
+        raise ValueError("handshake without a 32-byte public key")
+    if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
+        raise ValueError("handshake without a nonce")
+    if not isinstance(sig, bytes) or (need_signature and len(sig) != 64):
+        raise ValueError("handshake without a signature")
+    return key, nonce, sig
+
+
+def _verify(key: bytes, message: bytes, sig: bytes) -> None:
+    try:
+        nacl.signing.VerifyKey(key).verify(message, sig)
+    except (nacl.exceptions.BadSignatureError, ValueError) as exc:
+        raise ValueError(f"bad handshake signature: {exc}") from None
+
+
+@dataclass
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    used_at: float = field(default_factory=time.monotonic)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+@dataclass
+class _Pool:
+    """Idle connections to one peer, and a bound on those in use."""
+
+    limit: asyncio.Semaphore
+    idle: list[_Conn] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """What the listener hands messages to (the transport)."""
+
+    admit: Callable[[str], Awaitable[bool]]
+    """Whether a new connection from this sender is taken (the live view, with defences on)."""
+    accepts: Callable[[str], bool]
+    """Whether a message from this sender is taken now (it may have left the view since)."""
+    deliver: Callable[[str, bytes, bytes], None]
+    """Put (sender, header bytes, payload) in the mailbox; raises ValueError for a bad header."""
+    max_header_bytes: int
+    max_payload_bytes: int
+    read_timeout_s: float | None
+    """Longest one message may take to arrive whole once its first byte came; None: unbounded."""
+    max_conns_per_sender: int
+
+
+class DirectPlane:
+    """Listener and dialler of the direct data plane; runs on the transport's event loop."""
+
+    def __init__(self, signer: Signer, receiver: Receiver) -> None:
+        self._signer = signer
+        self._public = signer.public_key
+        self.peer_id = signer.peer_id
+        self.receiver = receiver
+        self._server: asyncio.Server | None = None
+        self._pools: dict[str, _Pool] = {}
+        self._handshaking = 0
+        self._by_sender: dict[str, int] = {}
+        self._serving: set[asyncio.Task[None]] = set()
+        self.refused = 0
+        """Connections refused: handshake failed or timed out, too many, or the sender not admitted."""
+        self.port = 0
+
+    # ----------------------------------------------------------------- listening
+    async def listen(self, host: str, port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._on_connection, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving.add(task)
+        sender = None
+        try:
+            if self._handshaking >= MAX_HANDSHAKES:
+                self.refused += 1
+                return
+            self._handshaking += 1
+            try:
+                sender = await asyncio.wait_for(self._accept(reader, writer), HANDSHAKE_TIMEOUT_S)
+            finally:
+                self._handshaking -= 1
+            if sender is None:
+                return
+            await self._serve(sender, reader, writer)
+        except (ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            self.refused += sender is None
+            logger.debug("direct connection from %s closed: %s", (sender or "?")[-8:], exc)
+        except asyncio.CancelledError:
+            pass  # closing: asyncio would log a cancelled connection task as an error
+        finally:
+            if sender is not None:
+                self._release(sender)
+            with contextlib.suppress(Exception):
+                writer.close()
+            if task is not None:
+                self._serving.discard(task)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
+        """The authenticated sender of a new connection, counted against its bound; None if refused."""
+        their_key, their_nonce, _ = _hello(await read_frame(reader, MAX_HELLO_BYTES), need_signature=False)
+        nonce = os.urandom(NONCE_BYTES)
+        sig = self._signer.sign(_signed_part(b"listener", their_nonce, nonce, their_key))
+        writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce, "s": sig})))
+        await writer.drain()
+        their_sig = _unpack_map(await read_frame(reader, MAX_HELLO_BYTES)).get("s")
+        if not isinstance(their_sig, bytes):
+            raise ValueError("handshake without the dialler's signature")
+        _verify(their_key, _signed_part(b"dialler", nonce, their_nonce, self._public), their_sig)
+        sender = peer_id_from_public_key(their_key)
+        # counted before the admission check, which may wait: concurrent dials see each other
+        held = self._by_sender.get(sender, 0)
+        self._by_sender[sender] = held + 1
+        try:
+            taken = held < self.receiver.max_conns_per_sender and await self.receiver.admit(sender)
+            writer.write(ACCEPTED if taken else REFUSED)
+            await writer.drain()
+        except BaseException:
+            self._release(sender)
+            raise
+        if not taken:
+            self._release(sender)
+            self.refused += 1
+            return None
+        return sender
+
+    def _release(self, sender: str) -> None:
+        self._by_sender[sender] -= 1
+        if not self._by_sender[sender]:
+            del self._by_sender[sender]
+
+    async def _serve(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        rx = self.receiver
+        while True:
+            try:
+                first = await asyncio.wait_for(reader.readexactly(LENGTH_BYTES), IDLE_S)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return  # idle, or the dialler closed between messages: both are normal
+            size = int.from_bytes(first, BYTEORDER)
+            if size > rx.max_header_bytes:
+                raise ValueError(f"header of {size} bytes exceeds {rx.max_header_bytes}")
+
+            async def rest(size: int = size) -> tuple[bytes, bytes]:
+                header = await reader.readexactly(size)
+                return header, await read_frame(reader, rx.max_payload_bytes)
+
+            header, payload = await asyncio.wait_for(rest(), rx.read_timeout_s)
+            if rx.accepts(sender):
+                rx.deliver(sender, header, payload)
+                writer.write(ACCEPTED)
+            else:
+                writer.write(REFUSED)  # as a p2pd stream closed unread: the sender does not resend
+            await writer.drain()
+
+    # ----------------------------------------------------------------- dialling
+    async def _dial(self, peer_id: str, address: str) -> _Conn:
+        host, port = check_address(address)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise DirectError(f"cannot connect to {address}: {exc!r}") from None
+        try:
+            nonce = os.urandom(NONCE_BYTES)
+            writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce})))
+            await writer.drain()
+            raw = await asyncio.wait_for(read_frame(reader, MAX_HELLO_BYTES), HANDSHAKE_TIMEOUT_S)
+            their_key, their_nonce, their_sig = _hello(raw, need_signature=True)
+            if peer_id_from_public_key(their_key) != peer_id:
+                raise ValueError(f"{address} answers as another peer")
+            _verify(their_key, _signed_part(b"listener", nonce, their_nonce, self._public), their_sig)
+            sig = self._signer.sign(_signed_part(b"dialler", their_nonce, nonce, their_key))
+            writer.write(_frame(msgpack.packb({"s": sig})))
+            await writer.drain()
+            verdict = await asyncio.wait_for(reader.readexactly(1), HANDSHAKE_TIMEOUT_S)
+        except (ValueError, OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            writer.close()
+            raise DirectError(f"handshake with {peer_id[-8:]} at {address} failed: {exc!r}") from None
+        if verdict != ACCEPTED:
+            writer.close()
+            raise DirectError(f"{peer_id[-8:]} refused a direct connection")
+        return _Conn(reader, writer)
+
+    async def send(self, peer_id: str, address: str, header: bytes, payload: bytes) -> bool:
+        """Deliver one message; True once in the receiver's mailbox, False if it refused the message.
+
+        Raises `DirectError` when no connection can be made (the caller uses p2pd), and
+        ConnectionError / IncompleteReadError when one breaks mid-message (the caller retries).
+        """
+        pool = self._pools.get(peer_id)
+        if pool is None:
+            pool = self._pools[peer_id] = _Pool(asyncio.Semaphore(self.receiver.max_conns_per_sender))
+        async with pool.limit:
+            while pool.idle:
+                conn = pool.idle.pop()
+                if time.monotonic() - conn.used_at < IDLE_S / 2 and not conn.writer.is_closing():
+                    try:
+                        return await self._send_on(pool, conn, header, payload)
+                    except (ConnectionError, asyncio.IncompleteReadError):
+                        continue  # the other end closed it meanwhile: a fresh one below
+                conn.close()
+            return await self._send_on(pool, await self._dial(peer_id, address), header, payload)
+
+    async def _send_on(self, pool: _Pool, conn: _Conn, header: bytes, payload: bytes) -> bool:
+        try:
+            conn.writer.write(_frame(header))
+            conn.writer.write(len(payload).to_bytes(LENGTH_BYTES, BYTEORDER))
+            conn.writer.write(payload)
+            await conn.writer.drain()
+            ack = await conn.reader.readexactly(1)
+        except BaseException:
+            conn.close()
+            raise
+        conn.used_at = time.monotonic()
+        pool.idle.append(conn)
+        return ack == ACCEPTED
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for pool in self._pools.values():
+            for conn in pool.idle:
+                conn.close()
+        self._pools.clear()
+        for task in list(self._serving):
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)

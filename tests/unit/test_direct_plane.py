@@ -1,0 +1,194 @@
+"""The direct data plane on real loopback sockets: who a message is from, and what is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import nacl.signing
+import pytest
+
+from p2p_trainer.net import direct
+from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver, check_address, format_address
+from p2p_trainer.net.envelope import Signer
+from p2p_trainer.net.records import Heartbeat, RecordError
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, bytes, bytes]] = []
+        self.admit_ok = True
+        self.accepts_ok = True
+
+    async def admit(self, _sender: str) -> bool:
+        return self.admit_ok
+
+    def receiver(self, max_payload: int = 1 << 20, conns: int = 2) -> Receiver:
+        return Receiver(
+            admit=self.admit,
+            accepts=lambda _s: self.accepts_ok,
+            deliver=lambda s, h, p: self.got.append((s, h, p)),
+            max_header_bytes=1024,
+            max_payload_bytes=max_payload,
+            read_timeout_s=2.0,
+            max_conns_per_sender=conns,
+        )
+
+
+def plane(inbox: Inbox, **kw: Any) -> DirectPlane:
+    return DirectPlane(Signer(nacl.signing.SigningKey.generate()), inbox.receiver(**kw))
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 30))
+
+
+def test_message_arrives_from_the_key_that_dialled() -> None:
+    async def go() -> None:
+        a_in, b_in = Inbox(), Inbox()
+        a, b = plane(a_in), plane(b_in)
+        port = await b.listen("127.0.0.1")
+        payload = os.urandom(300_000)
+        for i in range(3):  # the second and third reuse the first connection
+            assert await a.send(b.peer_id, f"127.0.0.1:{port}", b"head%d" % i, payload)
+        assert [(s, h) for s, h, _ in b_in.got] == [
+            (a.peer_id, b"head0"),
+            (a.peer_id, b"head1"),
+            (a.peer_id, b"head2"),
+        ]
+        assert all(p == payload for _, _, p in b_in.got)
+        assert len(a._pools[b.peer_id].idle) == 1
+        await a.close()
+        await b.close()
+
+    run(go)
+
+
+def test_a_listener_with_another_key_is_not_taken_for_the_peer() -> None:
+    async def go() -> None:
+        b_in = Inbox()
+        a, b, c = plane(Inbox()), plane(b_in), plane(Inbox())
+        port = await b.listen("127.0.0.1")
+        with pytest.raises(DirectError, match="answers as another peer"):
+            await a.send(c.peer_id, f"127.0.0.1:{port}", b"h", b"x")
+        assert b_in.got == []
+        await a.close()
+        await b.close()
+
+    run(go)
+
+
+def test_refusals_closed_port_and_left_view() -> None:
+    async def go() -> None:
+        b_in = Inbox()
+        a, b = plane(Inbox()), plane(b_in)
+        port = await b.listen("127.0.0.1")
+        b_in.admit_ok = False
+        with pytest.raises(DirectError, match="refused"):
+            await a.send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
+        b_in.admit_ok = True
+        b_in.accepts_ok = False  # in view when it connected, out of it by the message
+        assert await a.send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x") is False
+        assert b_in.got == []
+        await b.close()
+        with pytest.raises(DirectError, match="cannot connect"):
+            await plane(Inbox()).send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
+        await a.close()
+
+    run(go)
+
+
+async def _raw_hello(
+    port: int, key: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    hello = msgpack.packb({"pk": key, "n": os.urandom(32)})
+    writer.write(len(hello).to_bytes(8, "big") + hello)
+    await writer.drain()
+    answer = await direct.read_frame(reader, 512)
+    return reader, writer, msgpack.unpackb(answer)
+
+
+def test_someone_elses_public_key_without_its_signature_delivers_nothing() -> None:
+    async def go() -> None:
+        b_in = Inbox()
+        victim, b = plane(Inbox()), plane(b_in)
+        port = await b.listen("127.0.0.1")
+        reader, writer, answer = await _raw_hello(port, victim._public)
+        assert answer["pk"] == b._public
+        forged = msgpack.packb({"s": os.urandom(64)})  # cannot sign for the victim's key
+        writer.write(len(forged).to_bytes(8, "big") + forged)
+        await writer.drain()
+        assert await reader.read(1) == b""  # closed without a verdict
+        assert b_in.got == [] and b.refused == 1
+        writer.close()
+        await b.close()
+
+    run(go)
+
+
+def test_connections_per_sender_and_unauthenticated_ones_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "MAX_HANDSHAKES", 4)
+    monkeypatch.setattr(direct, "HANDSHAKE_TIMEOUT_S", 0.5)
+
+    async def go() -> None:
+        b_in = Inbox()
+        b = plane(b_in, conns=2)
+        port = await b.listen("127.0.0.1")
+        a = plane(Inbox(), conns=3)  # asks for more connections than the listener allows
+        sends = [a.send(b.peer_id, f"127.0.0.1:{port}", b"h%d" % i, os.urandom(800_000)) for i in range(3)]
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        assert sum(o is True for o in outcomes) == 2
+        assert sum(isinstance(o, DirectError) for o in outcomes) == 1
+        # silent connections: 4 may wait in the handshake, the 5th is closed at once
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]
+        assert await asyncio.wait_for(silent[4][0].read(1), 0.4) == b""
+        for reader, _ in silent[:4]:  # and the others once their handshake time is up
+            assert await asyncio.wait_for(reader.read(1), 2.0) == b""
+        for _, writer in silent:
+            writer.close()
+        await a.close()
+        await b.close()
+
+    run(go)
+
+
+def test_an_oversized_payload_is_dropped_with_its_connection() -> None:
+    async def go() -> None:
+        b_in = Inbox()
+        a, b = plane(Inbox()), plane(b_in, max_payload=1000)
+        port = await b.listen("127.0.0.1")
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await a.send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x" * 5000)
+        assert b_in.got == []
+        assert await a.send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x" * 1000)  # a new connection works
+        await a.close()
+        await b.close()
+
+    run(go)
+
+
+@pytest.mark.parametrize("text", ["1.2.3.4:5", "[::1]:31337", "127.0.0.1:65535"])
+def test_addresses_taken(text: str) -> None:
+    host, port = check_address(text)
+    assert format_address(host, port) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["example.com:80", "0.0.0.0:5", "1.2.3.4", "1.2.3.4:0", "1.2.3.4:70000", "224.0.0.1:5", "1" * 70 + ":5"],
+)
+def test_addresses_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        check_address(text)
+
+
+def test_a_heartbeat_with_a_bad_data_address_is_refused() -> None:
+    beat = Heartbeat("p", 1, 0, None, 0.0, "v", 1.0, data_address="10.0.0.1:4000")
+    assert Heartbeat.decode(beat.encode()).data_address == "10.0.0.1:4000"
+    forged = Heartbeat("p", 1, 0, None, 0.0, "v", 1.0, data_address="evil.example:4000")
+    with pytest.raises(RecordError, match="data_address"):
+        Heartbeat.decode(forged.encode())

@@ -1,11 +1,12 @@
-"""Where an exchange's time goes on the WAN testbed: our butterfly over p2pd vs plain TCP vs the bound.
+"""Where an exchange's time goes on the WAN testbed: our butterfly (over the direct data plane and
+over p2pd) vs plain TCP vs the bound.
 
     python -m bench.exchange_profile [--peers 2 4] [--rounds 6]
 
 The target is exchange time <= 1.15 x bytes / link rate (bench/RESULTS.md). The WAN bench's per-peer
 `elapsed_s` also counts waiting for the group's last member, so this bench takes the peers out and
 times the exchange itself: N member processes (hivemind DHT + p2pd + our Transport, the real
-stack), each in its own namespace on a capped link and CPU quota, run `butterfly_average` on the
+stack, its messages over the direct data plane or over p2pd streams), each in its own namespace on a capped link and CPU quota, run `butterfly_average` on the
 default model's parameter count at start times agreed in advance (the hosts share one clock).
 Per exchange it reports the member-averaged time from its own start (the same moment for all) to
 its own result, against the bound, in four conditions:
@@ -130,9 +131,12 @@ def member(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------- harness
-def _members(tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float) -> list[dict[str, Any]]:
+def _members(
+    tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float, data_plane: str
+) -> list[dict[str, Any]]:
     base = [sys.executable, str(Path(__file__).resolve()), "member", "--n", str(n), "--floats", str(floats)]
-    base += ["--rounds", str(rounds), "--period-s", str(period_s)] + (["--busy"] if busy else [])
+    base += ["--rounds", str(rounds), "--period-s", str(period_s), "--data-plane", data_plane]
+    base += ["--busy"] if busy else []
     t0 = time.time() + 40.0  # DHT start, joins and the member list take ~15-25 s on 2 cores
     procs = []
     first_maddr: str | None = None
@@ -198,6 +202,10 @@ def main() -> int:
     p.add_argument(
         "--floats", type=int, default=837_888, help="Vector length (default: the default model's)."
     )
+    p.add_argument(
+        "--data-planes", nargs="+", choices=["direct", "p2pd"], default=["direct", "p2pd"],
+        help="Routes of the butterfly's messages to measure (net/direct.py, or p2pd streams).",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="Write the rows and summary here as JSON.")
     args = p.parse_args()
     if args.mode == "member":
@@ -221,15 +229,15 @@ def main() -> int:
         hosts = tuple(HostSpec(f"h{i}", args.rate_mbit, args.rate_mbit, args.cpu_cores) for i in range(n))
         with Testbed(TestbedConfig(hosts=hosts)) as tb:
             tcp_s = _tcp_floor(tb, n, int(nbytes))
-            for busy in (False, True):
-                rows = _members(tb, n, busy, args.rounds, args.floats, period)
+            for plane, busy in [(plane, busy) for plane in args.data_planes for busy in (False, True)]:
+                rows = _members(tb, n, busy, args.rounds, args.floats, period, plane)
                 # the first exchange also opens the members' connections: left out of the median
                 steady = [r for r in rows if r["round"] > 0 and r["ok"]]
                 el = statistics.median(r["elapsed_s"] for r in steady) if steady else float("nan")
                 late = max((r["late_start_s"] for r in rows), default=0.0)
                 step = statistics.median([r["step_s"] for r in steady if r["step_s"]] or [float("nan")])
                 s = {
-                    "peers": n, "condition": "busy" if busy else "idle", "bytes_each_way": nbytes,
+                    "peers": n, "condition": "busy" if busy else "idle", "data_plane": plane, "bytes_each_way": nbytes,
                     "bound_s": bound_s, "tcp_s": tcp_s, "exchange_s": el, "vs_bound": el / bound_s,
                     "vs_tcp": el / tcp_s, "tcp_vs_bound": tcp_s / bound_s, "ok": len(steady),
                     "of": len([r for r in rows if r["round"] > 0]), "max_late_start_s": late,
@@ -238,7 +246,7 @@ def main() -> int:
                 }  # fmt: skip
                 summary.append(s)
                 print(
-                    f"{n} peers {s['condition']:>4}: exchange {el:.2f} s = {s['vs_bound']:.2f} x bound "
+                    f"{n} peers, {plane:>6}, {s['condition']:>4}: exchange {el:.2f} s = {s['vs_bound']:.2f} x bound "
                     f"({bound_s:.2f} s), {s['vs_tcp']:.2f} x plain TCP ({tcp_s:.2f} s = "
                     f"{s['tcp_vs_bound']:.2f} x bound); {s['ok']}/{s['of']} complete; first {s['first_exchange_s']:.2f} s"
                     + (f"; busy step {step:.2f} s" if busy else ""),

@@ -214,9 +214,10 @@ def merge(
             acc += w * (diff * min(1.0, tau / norm) if norm > 0 else diff)
         return centre + acc / total_w, total_w
     acc = centre * own_weight
-    for values, w in others:
-        acc += values.astype(np.float64) * w
-    return acc / total_w, total_w
+    for values, w in others:  # multiplied in float64 straight from float32: no upcast copy first
+        acc += np.multiply(values, w, dtype=np.float64)
+    acc /= total_w
+    return acc, total_w
 
 
 class PartChecks:

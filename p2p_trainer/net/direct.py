@@ -11,6 +11,9 @@ ends: each side sends a fresh nonce and its public key, and signs (role, its pee
 nonce, its peer's public key). The dialler checks that the key it reached makes the peer id it
 meant to reach; the listener takes the dialler's key as the sender of everything on that
 connection. A recorded handshake cannot be replayed: the other side's nonce is new each time.
+Each hello also carries a fresh X25519 key inside what is signed; every frame after the handshake
+is sealed with keys only the two ends can derive (`channel.py`), so no one on the path can read,
+change, replay or insert a message.
 
 Where a peer listens: its heartbeat's `data_address` (an IP literal and a port, never a name to
 resolve). A peer without one (an older version, `network.data_plane = "p2pd"`) or whose address
@@ -39,6 +42,7 @@ import msgpack
 import nacl.exceptions
 import nacl.signing
 
+from p2p_trainer.net.channel import TAG_BYTES, Ephemeral, Sealer, session
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.identity import peer_id_from_public_key
 
@@ -95,8 +99,11 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     return await reader.readexactly(size)
 
 
-def _signed_part(role: bytes, their_nonce: bytes, my_nonce: bytes, their_key: bytes) -> bytes:
-    return DOMAIN + b"|" + role + b"|" + their_nonce + my_nonce + their_key
+def _signed_part(
+    role: bytes, their_nonce: bytes, my_nonce: bytes, their_key: bytes, their_x: bytes, my_x: bytes
+) -> bytes:
+    """What one side signs: its role, both nonces, the other's identity key and both session keys."""
+    return DOMAIN + b"|" + role + b"|" + their_nonce + my_nonce + their_key + their_x + my_x
 
 
 def _unpack_map(raw: bytes) -> dict[str, object]:
@@ -109,17 +116,21 @@ def _unpack_map(raw: bytes) -> dict[str, object]:
     return value
 
 
-def _hello(raw: bytes, need_signature: bool) -> tuple[bytes, bytes, bytes]:
-    """(public key, nonce, signature) of a handshake message, each checked for type and size."""
+def _hello(raw: bytes, need_signature: bool) -> tuple[bytes, bytes, bytes, bytes]:
+    """(public key, nonce, session key, signature) of a handshake message, each checked for type
+    and size."""
     hello = _unpack_map(raw)
     key, nonce, sig = hello.get("pk", b""), hello.get("n", b""), hello.get("s", b"")
+    x = hello.get("x", b"")
     if not (isinstance(key, bytes) and len(key) == 32):
         raise ValueError("handshake without a 32-byte public key")
+    if not (isinstance(x, bytes) and len(x) == 32):
+        raise ValueError("handshake without a 32-byte session key")
     if not (isinstance(nonce, bytes) and len(nonce) == NONCE_BYTES):
         raise ValueError("handshake without a nonce")
     if not isinstance(sig, bytes) or (need_signature and len(sig) != 64):
         raise ValueError("handshake without a signature")
-    return key, nonce, sig
+    return key, nonce, x, sig
 
 
 def _verify(key: bytes, message: bytes, sig: bytes) -> None:
@@ -133,6 +144,8 @@ def _verify(key: bytes, message: bytes, sig: bytes) -> None:
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    out: Sealer
+    inn: Sealer
     used_at: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
@@ -199,12 +212,13 @@ class DirectPlane:
                 return
             self._handshaking += 1
             try:
-                sender = await asyncio.wait_for(self._accept(reader, writer), HANDSHAKE_TIMEOUT_S)
+                accepted = await asyncio.wait_for(self._accept(reader, writer), HANDSHAKE_TIMEOUT_S)
             finally:
                 self._handshaking -= 1
-            if sender is None:
+            if accepted is None:
                 return
-            await self._serve(sender, reader, writer)
+            sender, out, inn = accepted
+            await self._serve(sender, reader, writer, out, inn)
         except (ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
             self.refused += sender is None
             logger.debug("direct connection from %s closed: %s", (sender or "?")[-8:], exc)
@@ -218,17 +232,28 @@ class DirectPlane:
             if task is not None:
                 self._serving.discard(task)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
-        """The authenticated sender of a new connection, counted against its bound; None if refused."""
-        their_key, their_nonce, _ = _hello(await read_frame(reader, MAX_HELLO_BYTES), need_signature=False)
-        nonce = os.urandom(NONCE_BYTES)
-        sig = self._signer.sign(_signed_part(b"listener", their_nonce, nonce, their_key))
-        writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce, "s": sig})))
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[str, Sealer, Sealer] | None:
+        """The authenticated sender of a new connection (counted against its bound) and the
+        connection's sealers; None if refused."""
+        raw = await read_frame(reader, MAX_HELLO_BYTES)
+        their_key, their_nonce, their_x, _ = _hello(raw, need_signature=False)
+        nonce, mine = os.urandom(NONCE_BYTES), Ephemeral()
+        shared = mine.shared(their_x)
+        sig = self._signer.sign(
+            _signed_part(b"listener", their_nonce, nonce, their_key, their_x, mine.public)
+        )
+        writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce, "x": mine.public, "s": sig})))
         await writer.drain()
         their_sig = _unpack_map(await read_frame(reader, MAX_HELLO_BYTES)).get("s")
         if not isinstance(their_sig, bytes):
             raise ValueError("handshake without the dialler's signature")
-        _verify(their_key, _signed_part(b"dialler", nonce, their_nonce, self._public), their_sig)
+        _verify(
+            their_key,
+            _signed_part(b"dialler", nonce, their_nonce, self._public, mine.public, their_x),
+            their_sig,
+        )
         sender = peer_id_from_public_key(their_key)
         # counted before the admission check, which may wait: concurrent dials see each other
         held = self._by_sender.get(sender, 0)
@@ -244,14 +269,21 @@ class DirectPlane:
             self._release(sender)
             self.refused += 1
             return None
-        return sender
+        return (sender, *session(shared, their_nonce, nonce, dialler=False))
 
     def _release(self, sender: str) -> None:
         self._by_sender[sender] -= 1
         if not self._by_sender[sender]:
             del self._by_sender[sender]
 
-    async def _serve(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self,
+        sender: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        out: Sealer,
+        inn: Sealer,
+    ) -> None:
         rx = self.receiver
         while True:
             try:
@@ -259,19 +291,19 @@ class DirectPlane:
             except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return  # idle, or the dialler closed between messages: both are normal
             size = int.from_bytes(first, BYTEORDER)
-            if size > rx.max_header_bytes:
+            if size > rx.max_header_bytes + TAG_BYTES:
                 raise ValueError(f"header of {size} bytes exceeds {rx.max_header_bytes}")
 
             async def rest(size: int = size) -> tuple[bytes, bytes]:
-                header = await reader.readexactly(size)
-                return header, await read_frame(reader, rx.max_payload_bytes)
+                header = inn.open(await reader.readexactly(size))
+                return header, inn.open(await read_frame(reader, rx.max_payload_bytes + TAG_BYTES))
 
             header, payload = await asyncio.wait_for(rest(), rx.read_timeout_s)
             if rx.accepts(sender):
                 rx.deliver(sender, header, payload)
-                writer.write(ACCEPTED)
-            else:
-                writer.write(REFUSED)  # as a p2pd stream closed unread: the sender does not resend
+                writer.write(_frame(out.seal(ACCEPTED)))
+            else:  # as a p2pd stream closed unread: the sender does not resend
+                writer.write(_frame(out.seal(REFUSED)))
             await writer.drain()
 
     # ----------------------------------------------------------------- dialling
@@ -282,25 +314,32 @@ class DirectPlane:
         except (OSError, asyncio.TimeoutError) as exc:
             raise DirectError(f"cannot connect to {address}: {exc!r}") from None
         try:
-            nonce = os.urandom(NONCE_BYTES)
-            writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce})))
+            nonce, mine = os.urandom(NONCE_BYTES), Ephemeral()
+            writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce, "x": mine.public})))
             await writer.drain()
             raw = await asyncio.wait_for(read_frame(reader, MAX_HELLO_BYTES), HANDSHAKE_TIMEOUT_S)
-            their_key, their_nonce, their_sig = _hello(raw, need_signature=True)
+            their_key, their_nonce, their_x, their_sig = _hello(raw, need_signature=True)
             if peer_id_from_public_key(their_key) != peer_id:
                 raise ValueError(f"{address} answers as another peer")
-            _verify(their_key, _signed_part(b"listener", nonce, their_nonce, self._public), their_sig)
-            sig = self._signer.sign(_signed_part(b"dialler", their_nonce, nonce, their_key))
+            signed = _signed_part(b"listener", nonce, their_nonce, self._public, mine.public, their_x)
+            _verify(their_key, signed, their_sig)
+            shared = mine.shared(their_x)
+            sig = self._signer.sign(
+                _signed_part(b"dialler", their_nonce, nonce, their_key, their_x, mine.public)
+            )
             writer.write(_frame(msgpack.packb({"s": sig})))
             await writer.drain()
             verdict = await asyncio.wait_for(reader.readexactly(1), HANDSHAKE_TIMEOUT_S)
         except (ValueError, OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
             writer.close()
             raise DirectError(f"handshake with {peer_id[-8:]} at {address} failed: {exc!r}") from None
+        except BaseException:  # cancelled mid-handshake: the socket is not left open
+            writer.close()
+            raise
         if verdict != ACCEPTED:
             writer.close()
             raise DirectError(f"{peer_id[-8:]} refused a direct connection")
-        return _Conn(reader, writer)
+        return _Conn(reader, writer, *session(shared, nonce, their_nonce, dialler=True))
 
     async def send(self, peer_id: str, address: str, header: bytes, payload: bytes) -> bool:
         """Deliver one message; True once in the receiver's mailbox, False if it refused the message.
@@ -311,24 +350,31 @@ class DirectPlane:
         pool = self._pools.get(peer_id)
         if pool is None:
             pool = self._pools[peer_id] = _Pool(asyncio.Semaphore(self.receiver.max_conns_per_sender))
+        failures = (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError)
         async with pool.limit:
             while pool.idle:
                 conn = pool.idle.pop()
-                if time.monotonic() - conn.used_at < IDLE_S / 2 and not conn.writer.is_closing():
+                fresh = time.monotonic() - conn.used_at < IDLE_S / 2
+                if fresh and not conn.writer.is_closing() and not conn.reader.at_eof():
                     try:
                         return await self._send_on(pool, conn, header, payload)
-                    except (ConnectionError, asyncio.IncompleteReadError):
-                        continue  # the other end closed it meanwhile: a fresh one below
+                    except failures:
+                        continue  # the other end closed it meanwhile: another one, or a new one
                 conn.close()
-            return await self._send_on(pool, await self._dial(peer_id, address), header, payload)
+            conn = await self._dial(peer_id, address)
+            try:
+                return await self._send_on(pool, conn, header, payload)
+            except failures as exc:  # a new connection that breaks mid-message: p2pd may do better
+                raise DirectError(f"a new connection to {peer_id[-8:]} broke: {exc!r}") from None
 
     async def _send_on(self, pool: _Pool, conn: _Conn, header: bytes, payload: bytes) -> bool:
+        # the ack comes once the whole payload is in: allow 1 Mbit/s at least, and 10 s more
+        ack_timeout_s = 10.0 + len(payload) / 125_000
         try:
-            conn.writer.write(_frame(header))
-            conn.writer.write(len(payload).to_bytes(LENGTH_BYTES, BYTEORDER))
-            conn.writer.write(payload)
+            conn.writer.write(_frame(conn.out.seal(header)))
+            conn.writer.write(_frame(conn.out.seal(payload)))
             await conn.writer.drain()
-            ack = await conn.reader.readexactly(1)
+            ack = conn.inn.open(await asyncio.wait_for(read_frame(conn.reader, 64), ack_timeout_s))
         except BaseException:
             conn.close()
             raise

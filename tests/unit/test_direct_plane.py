@@ -12,6 +12,7 @@ import nacl.signing
 import pytest
 
 from p2p_trainer.net import direct
+from p2p_trainer.net.channel import Ephemeral
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver, check_address, format_address
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RecordError
@@ -105,7 +106,7 @@ async def _raw_hello(
     port: int, key: bytes
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    hello = msgpack.packb({"pk": key, "n": os.urandom(32)})
+    hello = msgpack.packb({"pk": key, "n": os.urandom(32), "x": Ephemeral().public})
     writer.write(len(hello).to_bytes(8, "big") + hello)
     await writer.drain()
     answer = await direct.read_frame(reader, 512)
@@ -192,3 +193,70 @@ def test_a_heartbeat_with_a_bad_data_address_is_refused() -> None:
     forged = Heartbeat("p", 1, 0, None, 0.0, "v", 1.0, data_address="evil.example:4000")
     with pytest.raises(RecordError, match="data_address"):
         Heartbeat.decode(forged.encode())
+
+
+def test_a_listener_with_the_peers_public_key_but_not_its_signature_is_refused() -> None:
+    async def go() -> None:
+        victim = plane(Inbox())
+
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await direct.read_frame(reader, 512)
+            fake = {"pk": victim._public, "n": os.urandom(32), "x": Ephemeral().public, "s": os.urandom(64)}
+            raw = msgpack.packb(fake)
+            writer.write(len(raw).to_bytes(8, "big") + raw)
+            await writer.drain()
+            await reader.read()  # nothing else must come: the dialler gives up
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        a = plane(Inbox())
+        with pytest.raises(DirectError, match="bad handshake signature"):
+            await a.send(victim.peer_id, f"127.0.0.1:{port}", b"h", b"secret")
+        server.close()
+        await a.close()
+
+    run(go)
+
+
+def test_a_byte_changed_on_the_path_is_not_merged_and_nothing_is_readable() -> None:
+    """A relay between the two ends that sees every byte: the payload never shows in clear, and a
+    flipped bit fails the receiver's tag check, which drops that connection; the message then goes
+    again, whole, over a new one."""
+
+    async def go() -> None:
+        b_in = Inbox()
+        a, b = plane(Inbox()), plane(b_in)
+        port = await b.listen("127.0.0.1")
+        seen = bytearray()
+        flip_after: list[int] = []
+        relayed: list[int] = []
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, tamper: bool) -> None:
+            while chunk := await src.read(65536):
+                seen.extend(chunk)
+                if tamper and flip_after and len(seen) > flip_after[0]:
+                    chunk = chunk[:-1] + bytes([chunk[-1] ^ 1])
+                    flip_after.clear()
+                dst.write(chunk)
+                await dst.drain()
+            dst.close()
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            relayed.append(1)
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", port)
+            await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False), return_exceptions=True)
+
+        server = await asyncio.start_server(relay, "127.0.0.1", 0)
+        via = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        secret = b"gradient-bytes-" * 1000
+        assert await a.send(b.peer_id, via, b"h1", secret)
+        assert b"gradient-bytes-" not in bytes(seen)
+        flip_after.append(len(seen) + 100)  # one bit of the next message's payload flipped
+        assert await a.send(b.peer_id, via, b"h2", secret)
+        assert [(h, p == secret) for _, h, p in b_in.got] == [(b"h1", True), (b"h2", True)]
+        assert len(relayed) == 2  # the tampered connection was dropped
+        server.close()
+        await a.close()
+        await b.close()
+
+    run(go)

@@ -4,7 +4,7 @@
 
 Both arms average the same float32 vector (837,888 values, the default model) among N processes
 on this machine, with nothing else running. Ours, twice: messages over p2pd streams, then over the
-direct data plane (`net/direct.py`, the default): N member processes of `bench.exchange_profile`
+direct data plane (`net/direct.py`, opt-in): N member processes of `bench.exchange_profile`
 (hivemind DHT + p2pd + our Transport, the real stack) on 127.0.0.1, each exchange started at a
 time agreed in advance and timed from that start to the member's own result. Gloo:
 `torch.distributed` with the gloo backend over TCP on 127.0.0.1 (its default all-reduce
@@ -144,7 +144,7 @@ def main() -> int:
     }
     print(f"gloo all-reduce: {spread(g)}")
     print(f"ours, butterfly over p2pd streams: {spread(via_p2pd)}")
-    print(f"ours, butterfly over the direct data plane (the default): {spread(o)}")
+    print(f"ours, butterfly over the direct data plane (opt-in): {spread(o)}")
     print(f"ratio of medians: {ratio:.2f} (target <= 2.0: {'met' if ratio <= 2.0 else 'missed'})")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ def recorded_config(method: str, rounds: int, peers: int) -> RunConfig:
     """A tiny run waiting for full groups; constant work (§6) with one micro-batch more than the
     peers can share equally, so one peer's weight differs from the others' in every round."""
     cfg = tiny_config(method, rounds=rounds, h=H, quorum_fraction=1.0)
+    # the opt-in direct data plane carries these swarms' messages: the means are checked over it
+    cfg = dataclasses.replace(cfg, network=dataclasses.replace(cfg.network, data_plane="direct"))
     if method == "data-parallel":  # unweighted by design (§9)
         return cfg
     target = (peers * H + 1) * cfg.data.batch_size * cfg.model.seq_len

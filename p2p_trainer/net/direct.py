@@ -193,13 +193,11 @@ class DirectPlane:
         self._serving: set[asyncio.Task[None]] = set()
         self.refused = 0
         """Connections refused: handshake failed or timed out, too many, or the sender not admitted."""
-        self.port = 0
 
     # ----------------------------------------------------------------- listening
     async def listen(self, host: str, port: int = 0) -> int:
         self._server = await asyncio.start_server(self._on_connection, host, port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

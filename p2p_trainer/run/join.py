@@ -217,11 +217,13 @@ def start(
     )
     leave.callback(transport.close)
     net = opts.run.network
-    # listening before the first heartbeat, which then carries the address; until the view
-    # exists, no direct connection is taken (a stream would be held for the view the same way)
-    if cfg.security.defences:
-        transport.accept_from = lambda _peer: False
-    data_address = start_data_plane(node, transport, net.data_port) if net.data_plane == "direct" else ""
+    data_address = ""
+    if net.data_plane == "direct":
+        # listening before the first heartbeat, which then carries the address; until the view
+        # exists, no direct connection is taken (a stream would be held for the view the same way)
+        if cfg.security.defences:
+            transport.accept_from = lambda _peer: False
+        data_address = start_data_plane(node, transport, net.data_port)
     view = SwarmView(
         node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation, data_address
     )

@@ -113,6 +113,10 @@ class IterableBatches:
 def to_device(batch: Any, device: torch.device) -> Any:
     """`batch` with every tensor in it (nested in tuples, lists and dicts) on `device`."""
     if isinstance(batch, torch.Tensor):
+        if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+            # from pageable memory the copy first waits for the device's queue to drain, so the
+            # host could not queue the next step's kernels while this one runs
+            batch = batch.pin_memory()
         return batch.to(device, non_blocking=True)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple takes fields one by one
         return type(batch)(*(to_device(b, device) for b in batch))

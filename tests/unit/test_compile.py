@@ -17,16 +17,16 @@ from p2p_trainer.train.data import load_corpus
 from p2p_trainer.train.trainer import Peer
 
 
-def _peer(compile: bool) -> Peer:
+def _peer(compile: bool, device: str = "cpu", bf16: bool = False) -> Peer:
     cfg = RunConfig(
         rounds=1,
         model=ModelConfig(arch="llama", d_model=16, n_layers=1, n_heads=2, seq_len=16),
         data=DataConfig(batch_size=2, val_batches=1),
-        inner=InnerConfig(eval_every=0, warmup_steps=1, compile=compile),
+        inner=InnerConfig(eval_every=0, warmup_steps=1, compile=compile, bf16=bf16),
         outer=OuterConfig.for_method("independent", num_inner_steps=2),
     )
     corpus = load_corpus(cfg.data, cfg.model.seq_len)
-    return Peer(cfg, InProcessSwarm(1, 0).exchange(0), corpus, "p0")
+    return Peer(cfg, InProcessSwarm(1, 0).exchange(0), corpus, "p0", device=device)
 
 
 # about 70 s on a 2-core machine (inductor builds C++ kernels), so out of `make test`
@@ -57,3 +57,13 @@ def test_without_a_compiler_the_error_says_what_to_change(monkeypatch: pytest.Mo
 def test_eager_is_the_default() -> None:
     peer = _peer(False)
     assert peer.forward_model is peer.model
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+def test_on_cuda_compiled_bf16_steps_give_eager_losses() -> None:
+    eager, fast = _peer(False, device="cuda", bf16=True), _peer(True, device="cuda", bf16=True)
+    assert fast.forward_model is not fast.model
+    for e, c in zip(eager.train(1), fast.train(1), strict=True):
+        # bf16 autocast: kernels fused differently round differently
+        assert c.train_loss == pytest.approx(e.train_loss, rel=2e-2)
+    assert all(p.device.type == "cuda" for p in fast.params)

@@ -383,12 +383,14 @@ async def butterfly_average(
     included = sorted([me, *arrivals.values])
     # every member, this owner included, keeps the values as sent: identical results group-wide
     k = group.result_codec.result_k(len(included))
-    payload, header, mine = group.result_codec.encode(mean.astype(np.float32), k)
+    payload, header, mine = group.result_codec.encode(np.asarray(mean, dtype=np.float32), k)
     result = {"w": total_w, "in": included, "n": hi - lo, **header}
     sends += [send(j, "r", me, payload, result) for j in reached]
     own_done = time.monotonic()
 
-    out = sent.copy()  # parts that do not come back keep this member's own values (as sent)
+    # parts that do not come back keep this member's own values (as sent); a lossy codec's
+    # round trip is already a fresh array of this exchange's own, anything else views the caller's
+    out = sent if sent is not data else sent.copy()
     out[lo:hi] = mine
     # a rejected member is alive: its result is waited for (and checked) like a contributor's
     awaited = set(arrivals.values) | arrivals.rejected

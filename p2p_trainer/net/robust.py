@@ -204,20 +204,31 @@ def merge(
     if rule == "trimmed" and len(others) >= 2:
         stacked = np.sort(np.stack([own, *(v for v, _ in others)]).astype(np.float64), axis=0)
         return stacked[1:-1].mean(axis=0), total_w
-    centre = own.astype(np.float64)
     if rule == "centred-clip" and len(others) >= 2 and scale is not None and scale.reference is not None:
         tau = float(np.linalg.norm(scale.own_update)) + scale.tolerance
+        centre = own.astype(np.float64)
         acc = np.zeros_like(centre)
         for values, w in others:
             diff = values.astype(np.float64) - centre
             norm = float(np.linalg.norm(diff))
             acc += w * (diff * min(1.0, tau / norm) if norm > 0 else diff)
         return centre + acc / total_w, total_w
-    acc = centre * own_weight
-    for values, w in others:  # multiplied in float64 straight from float32: no upcast copy first
-        acc += np.multiply(values, w, dtype=np.float64)
+    return weighted_part(own, own_weight, others, total_w), total_w
+
+
+def weighted_part(
+    own: np.ndarray, own_weight: float, others: Sequence[tuple[np.ndarray, float]], total_w: float
+) -> np.ndarray:
+    """Σ_j w_j x_j / W, summed in float64 (one rounding to float32 later) into one accumulator
+    with one scratch array: a part is tens of millions of values for a GPU-sized model, where a
+    fresh temporary per contribution costs more than the arithmetic."""
+    acc = np.multiply(own, own_weight, dtype=np.float64)
+    scratch = np.empty_like(acc) if others else acc
+    for values, w in others:
+        np.multiply(values, w, out=scratch, dtype=np.float64)
+        acc += scratch
     acc /= total_w
-    return acc, total_w
+    return acc
 
 
 class PartChecks:

@@ -8,7 +8,7 @@ moves 1/P of the model, so the link's peak load falls by P.
 With overlap (`outer.fragment_overlap`, the default for P > 1; `outer.overlap` for P = 1, where
 the one fragment is the whole model: overlapped DiLoCo) the fragment's exchange is started at the
 round's end and runs behind the next round's inner steps; its outer step lands at that round's
-end: φ_p, m_p ← step(φ_p, m_p, mean Δ_p), and θ_p ← φ_p + (θ_p − θ_p at the exchange's start),
+end (waiting there for an exchange still under way, within its own windows and deadline): φ_p, m_p ← step(φ_p, m_p, mean Δ_p), and θ_p ← φ_p + (θ_p − θ_p at the exchange's start),
 so the inner steps made while the exchange was under way are kept on top of the new anchor. A
 failed or partial exchange applies the peer's own Δ_p (the group of one) and, as in DiLoCo,
 starts a re-agreement of all anchors and momenta in the next round; the re-agreement's
@@ -17,6 +17,7 @@ correction of φ is added to θ as well, so the local progress is kept through i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,8 @@ class _InFlight:
     """Δ_p itself: applied alone if the exchange fails."""
     snapshot: list[torch.Tensor]
     """θ_p at the exchange's start."""
+    started: float
+    """When it was started (time.monotonic())."""
 
 
 class StreamingDiLoCo(DiLoCo):
@@ -112,7 +115,7 @@ class StreamingDiLoCo(DiLoCo):
         feedback = request.codec.lossy and self.xcfg.error_feedback
         sent = self.feedback.contribution((TAG, p), delta) if feedback else delta
         pending = self._start_behind(TAG, state, ALL, weight, sent, ZERO, step=p)
-        return _InFlight(p, pending, request, sent, delta, snapshot)
+        return _InFlight(p, pending, request, sent, delta, snapshot, time.monotonic())
 
     def _land(
         self,
@@ -123,7 +126,11 @@ class StreamingDiLoCo(DiLoCo):
         report: RoundReport,
     ) -> None:
         assert self._fragments is not None
-        res = self._take(TAG, flight.pending, self.xcfg.mix1_grace_s, report)
+        # an exchange slower than the round is waited for within its own windows (quorum, grace,
+        # deadline), not given up: a given-up exchange leaves the anchors apart, and the
+        # re-agreement that follows moves the whole model, so a slow link would never merge
+        left_s = flight.request.timeout_s - (time.monotonic() - flight.started)
+        res = self._take(TAG, flight.pending, max(self.xcfg.mix1_grace_s, left_s + 1.0), report)
         if isinstance(res, Ok) and flight.request.codec.lossy and self.xcfg.error_feedback:
             self.feedback.delivered((TAG, flight.fragment), flight.sent, flight.request.codec)
         self._diverged = self._diverged or not merged_fully(res)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 from p2p_trainer.algo.methods import NoLoCo, OuterState, RoundReport, build_method
 from p2p_trainer.algo.streaming import StreamingDiLoCo, split_fragments
 from p2p_trainer.config import ConfigError, ExchangeConfig, OuterConfig, RunConfig
-from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Ok
+from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.run.threads import run_inprocess
 from tests.conftest import tiny_config
 
@@ -121,6 +122,55 @@ def test_with_overlap_the_step_lands_a_round_later_and_keeps_the_steps_made_mean
     # fragment 1 was sent at the end of round 1 (Δ_1 = 2) and lands next round
     assert partner.requests[1] == ("fragment", 1, 1, [6])
     assert torch.equal(state.anchor[1], torch.zeros(6)) and torch.equal(params[1], torch.full((6,), -2.0))
+
+
+class _SlowPartner(_Partner):
+    """Its exchanges finish `delay_s` after they start: later than the round plus mix1_grace_s."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.waits: list[float] = []
+
+    def start(self, tensors: list[torch.Tensor], request: ExchangeRequest) -> object:
+        res, ready_at, waits = (
+            self._mean([t.clone() for t in tensors], request),
+            time.monotonic() + self.delay_s,
+            self.waits,
+        )
+
+        class Slow:
+            def done(self) -> bool:
+                return time.monotonic() >= ready_at
+
+            def result(self, timeout_s: float) -> ExchangeResult:
+                waits.append(timeout_s)
+                left = ready_at - time.monotonic()
+                if left > timeout_s:
+                    time.sleep(timeout_s)
+                    return Failed(f"not finished within {timeout_s:.1f} s")
+                time.sleep(max(0.0, left))
+                return res
+
+        return Slow()
+
+
+def test_an_overlapped_exchange_slower_than_the_round_is_waited_for_not_given_up() -> None:
+    cfg = OuterConfig.for_method("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=0)
+    partner = _SlowPartner(delay_s=0.6)
+    xcfg = ExchangeConfig(mix1_grace_s=0.1, timeout_s=5.0)
+    method = build_method(cfg, partner, xcfg=xcfg)  # type: ignore[arg-type]
+    params = [torch.zeros(6)]
+    state = OuterState.from_params(params)
+    for r in range(2):
+        method.begin_round(state, 1.0)
+        _train(params, 1.0)
+        report = RoundReport(r)
+        method.end_round(params, state, 1.0, report)
+    # round 0's exchange landed at round 1's end, after mix1_grace_s, within its deadline
+    assert partner.waits and 0.1 < partner.waits[0] <= 5.0 + 1.0
+    assert [(e.tag, e.ok) for e in report.exchanges] == [("fragment", True)]
+    assert torch.equal(state.anchor[0], torch.full((6,), -0.5))
 
 
 @pytest.mark.parametrize(

@@ -22,4 +22,4 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.total,utilization.gpu --format=csv || true
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-timeout 480 "$PY" -m bench.gpu_check --out "$OUT"
+timeout -k 30 480 "$PY" -m bench.gpu_check --out "$OUT"

@@ -5,12 +5,15 @@
 # Where the machine has no package index, the project's dependencies can come as a folder of
 # wheels (.devsite/whl) and pure-Python packages (.devsite/pure), installed to /tmp/site here.
 set -euo pipefail
-RUN="${1:-/tmp/gpu-swarm}"
+RUN="${1:-/tmp/gpu-swarm-$(date +%s)}"
 if ! python3 -c "import hivemind" 2>/dev/null && [ -d .devsite/whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .devsite/whl/*.whl
   export PYTHONPATH="/tmp/site:$PWD/.devsite/pure:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
-rm -rf "$RUN"
-timeout "${SWARM_TIMEOUT_S:-300}" python3 -m p2p_trainer local --config bench/gpu_swarm.toml --peers 2 --no-live \
+if [ -e "$RUN" ] && [ -n "$(ls -A "$RUN")" ]; then
+  echo "run directory $RUN is not empty: name a new one" >&2
+  exit 2
+fi
+timeout -k 30 "${SWARM_TIMEOUT_S:-300}" python3 -m p2p_trainer local --config bench/gpu_swarm.toml --peers 2 --no-live \
   --run-dir "$RUN"

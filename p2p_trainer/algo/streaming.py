@@ -128,9 +128,12 @@ class StreamingDiLoCo(DiLoCo):
         assert self._fragments is not None
         # an exchange slower than the round is waited for within its own windows (quorum, grace,
         # deadline), not given up: a given-up exchange leaves the anchors apart, and the
-        # re-agreement that follows moves the whole model, so a slow link would never merge
-        left_s = flight.request.timeout_s - (time.monotonic() - flight.started)
-        res = self._take(TAG, flight.pending, max(self.xcfg.mix1_grace_s, left_s + 1.0), report)
+        # re-agreement that follows moves the whole model, so a slow link would never merge.
+        # The pause stays within a blocking exchange's bound (a partner that died mid-exchange).
+        left_s = flight.request.timeout_s - (time.monotonic() - flight.started) + 1.0
+        grace_s = self.xcfg.mix1_grace_s
+        wait_s = min(max(grace_s, left_s), max(grace_s, self.xcfg.pause_bound_s))
+        res = self._take(TAG, flight.pending, wait_s, report)
         if isinstance(res, Ok) and flight.request.codec.lossy and self.xcfg.error_feedback:
             self.feedback.delivered((TAG, flight.fragment), flight.sent, flight.request.codec)
         self._diverged = self._diverged or not merged_fully(res)

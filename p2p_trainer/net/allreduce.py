@@ -388,9 +388,9 @@ async def butterfly_average(
     sends += [send(j, "r", me, payload, result) for j in reached]
     own_done = time.monotonic()
 
-    # parts that do not come back keep this member's own values (as sent); a lossy codec's
-    # round trip is already a fresh array of this exchange's own, anything else views the caller's
-    out = sent if sent is not data else sent.copy()
+    # parts that do not come back keep this member's own values (as sent); a codec's round trip
+    # in fresh memory is reused, one that may view the caller's values is copied
+    out = sent.copy() if np.may_share_memory(sent, data) else sent
     out[lo:hi] = mine
     # a rejected member is alive: its result is waited for (and checked) like a contributor's
     awaited = set(arrivals.values) | arrivals.rejected

@@ -8,7 +8,8 @@ moves 1/P of the model, so the link's peak load falls by P.
 With overlap (`outer.fragment_overlap`, the default for P > 1; `outer.overlap` for P = 1, where
 the one fragment is the whole model: overlapped DiLoCo) the fragment's exchange is started at the
 round's end and runs behind the next round's inner steps; its outer step lands at that round's
-end (waiting there for an exchange still under way, within its own windows and deadline): φ_p, m_p ← step(φ_p, m_p, mean Δ_p), and θ_p ← φ_p + (θ_p − θ_p at the exchange's start),
+end (waiting there for an exchange still under way, within its own windows and deadline):
+φ_p, m_p ← step(φ_p, m_p, mean Δ_p), and θ_p ← φ_p + (θ_p − θ_p at the exchange's start),
 so the inner steps made while the exchange was under way are kept on top of the new anchor. A
 failed or partial exchange applies the peer's own Δ_p (the group of one) and, as in DiLoCo,
 starts a re-agreement of all anchors and momenta in the next round; the re-agreement's
@@ -60,8 +61,8 @@ class _InFlight:
     """Δ_p itself: applied alone if the exchange fails."""
     snapshot: list[torch.Tensor]
     """θ_p at the exchange's start."""
-    started: float
-    """When it was started (time.monotonic())."""
+    deadline: float
+    """When the exchange itself gives up (time.monotonic())."""
 
 
 class StreamingDiLoCo(DiLoCo):
@@ -115,7 +116,8 @@ class StreamingDiLoCo(DiLoCo):
         feedback = request.codec.lossy and self.xcfg.error_feedback
         sent = self.feedback.contribution((TAG, p), delta) if feedback else delta
         pending = self._start_behind(TAG, state, ALL, weight, sent, ZERO, step=p)
-        return _InFlight(p, pending, request, sent, delta, snapshot, time.monotonic())
+        deadline = time.monotonic() + request.timeout_s + 1.0
+        return _InFlight(p, pending, request, sent, delta, snapshot, deadline)
 
     def _land(
         self,
@@ -130,10 +132,8 @@ class StreamingDiLoCo(DiLoCo):
         # deadline), not given up: a given-up exchange leaves the anchors apart, and the
         # re-agreement that follows moves the whole model, so a slow link would never merge.
         # The pause stays within a blocking exchange's bound (a partner that died mid-exchange).
-        left_s = flight.request.timeout_s - (time.monotonic() - flight.started) + 1.0
-        grace_s = self.xcfg.mix1_grace_s
-        wait_s = min(max(grace_s, left_s), max(grace_s, self.xcfg.pause_bound_s))
-        res = self._take(TAG, flight.pending, wait_s, report)
+        left_s = min(flight.deadline - time.monotonic(), self.xcfg.pause_bound_s)
+        res = self._take(TAG, flight.pending, max(self.xcfg.mix1_grace_s, left_s), report)
         if isinstance(res, Ok) and flight.request.codec.lossy and self.xcfg.error_feedback:
             self.feedback.delivered((TAG, flight.fragment), flight.sent, flight.request.codec)
         self._diverged = self._diverged or not merged_fully(res)

@@ -383,7 +383,7 @@ async def butterfly_average(
     included = sorted([me, *arrivals.values])
     # every member, this owner included, keeps the values as sent: identical results group-wide
     k = group.result_codec.result_k(len(included))
-    payload, header, mine = group.result_codec.encode(np.asarray(mean, dtype=np.float32), k)
+    payload, header, mine = group.result_codec.encode(mean, k)
     result = {"w": total_w, "in": included, "n": hi - lo, **header}
     sends += [send(j, "r", me, payload, result) for j in reached]
     own_done = time.monotonic()

@@ -119,16 +119,20 @@ class SwarmView:
         security: SecurityConfig | None = None,
         invitation: str = "",
         data_address: str = "",
+        last_round: int | None = None,
     ) -> None:
         """`invitation`: this peer's, carried in its heartbeat (`admission.py`); `data_address`:
-        where its direct data plane listens (`direct.py`)."""
+        where its direct data plane listens (`direct.py`); `last_round`: the run's number of
+        rounds, the highest a heartbeat may claim (`view_bounds.py`)."""
         self.node, self.run_name = node, run_name
         self.invitation = invitation
         self.period_s, self.ttl_s = period_s, ttl_s
         sec = security or SecurityConfig()
         self.defences = sec.defences
         self.admission = Admission(sec, run_name)
-        self._bounds = HeartbeatBounds(sec.round_window, sec.clock_skew_s, sec.max_throughput_tokens_per_s)
+        self._bounds = HeartbeatBounds(
+            sec.round_window, sec.clock_skew_s, sec.max_throughput_tokens_per_s, last_round
+        )
         self._replays = ReplayFilter(forget_after_s=ttl_s)
         self.status = PeerStatus(data_address=data_address)
         self._peers: list[records.Heartbeat] = []
@@ -137,6 +141,8 @@ class SwarmView:
         self._reconnect_said_at = 0.0
         self._last_live: set[str] = set()
         self._left: set[str] = set()
+        self._refused: set[str] = set()
+        """Peers whose newest heartbeat this view refused (not admitted, or out of bounds)."""
         self._heard: Callable[[float], set[str]] | None = None
         self._suspects: Callable[[], set[str]] = set
         self._sample: Callable[[PeerStatus], None] | None = None
@@ -185,11 +191,13 @@ class SwarmView:
             data_address=st.data_address,
         )
 
-    def _read(self) -> tuple[list[records.Heartbeat], set[str]]:
-        """The live peers' heartbeats and the peers that left (tombstones), bounded if defences are on."""
+    def _read(self) -> tuple[list[records.Heartbeat], set[str], set[str]]:
+        """The live peers' heartbeats, the peers that left (tombstones), and the peers whose
+        heartbeats were refused (not admitted, or out of bounds if defences are on)."""
         now = records.now()
         read = records.read_heartbeats(self.node, self.run_name, verify=self.defences)
         beats = [beat for beat, expiration in read if expiration >= now or beat.leaving]
+        published = {b.peer_id for b in beats}
         if not self.admission.open:  # a refused peer's claims (rounds included) count for nothing
             beats = [b for b in beats if self.admission.admits(b.peer_id, b.invitation)]
         if self.defences:
@@ -197,18 +205,19 @@ class SwarmView:
             beats = bound_heartbeats(
                 beats, st.round, now, self._bounds, self._replays, st.round_started, self.node.peer_id
             )
-        return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}
+        refused = published - {b.peer_id for b in beats}
+        return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}, refused
 
     def _refresh(self) -> None:
         turn, self._refreshes = self._refreshes, self._refreshes + 1
         try:
             records.publish_heartbeat(self.node, self.run_name, self._beat(), self.ttl_s, self.node.signer)
-            peers, left = self._read()
+            peers, left, refused = self._read()
         except (records.RecordError, TimeoutError, RuntimeError) as exc:
             logger.warning("heartbeat refresh failed: %s", exc)
             return
         with self._lock:
-            self._peers, self._left = peers, left
+            self._peers, self._left, self._refused = peers, left, refused
         # after the heartbeat (a slow DHT call here must not let it expire in others' views) and
         # after the read (the admitted peers just read are the publishers to trust first)
         if self.admission.mode == "invitations" and turn % REVOCATION_EVERY == 0:
@@ -285,9 +294,13 @@ class SwarmView:
         beats = self.heartbeats()
         ids = {h.peer_id for h in beats}
         if self._heard is not None:
+            # a refused heartbeat outweighs messages: this peer sends to its group members and
+            # counts a send as hearing from them, so a forger drawn into one group while its
+            # heartbeat passed would otherwise stay in this view (and in its groups) for good,
+            # and in no other peer's
             with self._lock:
-                left = set(self._left)
-            ids |= self._heard(self.ttl_s) - left
+                gone = self._left | self._refused
+            ids |= self._heard(self.ttl_s) - gone
         dead, reported, joining = self._dead_here(beats), self.reported_dead(beats), self._joining(beats)
         live = sorted(ids - dead - reported - joining)
         if set(live) != self._last_live:

@@ -4,6 +4,10 @@ A signature says who wrote a heartbeat, not that it is true. Before the view han
 its consumers (groups, round alignment, donor choice, rejoin), it drops or corrects claims no
 honest peer could make:
 
+- a round past the run's last round (`last_round`): no honest peer of this run claims one, and
+  unlike the median below this bound is the same on every peer from its very first read, so a
+  forger's heartbeat cannot be in some honest views and not in others (they would draw different
+  groups and every exchange of the round would fail);
 - a round more than `round_window` above the median round of the live peers (this one's own
   included): a forged huge round would make its forger every joiner's donor and send rejoining
   peers after it. Peers at round 0 count once they train it (a round start): at a swarm's very
@@ -41,6 +45,8 @@ class HeartbeatBounds:
     """How far ahead of this peer's clock a heartbeat's timestamp or round start may be."""
     max_throughput_tokens_per_s: float = 1e9
     """Highest throughput a heartbeat may claim."""
+    last_round: int | None = None
+    """The run's number of rounds: a heartbeat may claim at most this round (None: no such bound)."""
 
 
 def median_round(rounds: Sequence[int]) -> int | None:
@@ -55,6 +61,11 @@ def median_round(rounds: Sequence[int]) -> int | None:
 def plausible(beat: Heartbeat, now: float, bounds: HeartbeatBounds) -> Heartbeat | None:
     """`beat` with an implausible round start cleared, or None if it claims what no peer could."""
     throughput = beat.throughput_tokens_per_s
+    if bounds.last_round is not None and beat.round > bounds.last_round:
+        READ_DROPS.count(
+            "implausible", f"heartbeat of {beat.peer_id[-8:]} claims round {beat.round} past the run's last"
+        )
+        return None
     if not math.isfinite(throughput) or throughput > bounds.max_throughput_tokens_per_s:
         READ_DROPS.count("implausible", f"heartbeat of {beat.peer_id[-8:]} claims {throughput:.3g} tokens/s")
         return None

@@ -225,7 +225,14 @@ def start(
             transport.accept_from = lambda _peer: False
         data_address = start_data_plane(node, transport, net.data_port)
     view = SwarmView(
-        node, opts.swarm, net.view_period_s, net.heartbeat_ttl_s, cfg.security, opts.invitation, data_address
+        node,
+        opts.swarm,
+        net.view_period_s,
+        net.heartbeat_ttl_s,
+        cfg.security,
+        opts.invitation,
+        data_address,
+        last_round=cfg.rounds,
     )
     leave.callback(view.close)
     nat = behind_nat.set_up(opts.relay, node, transport, view.live_peers)

@@ -240,6 +240,42 @@ def test_the_view_hides_a_signed_but_implausible_heartbeat_only_with_defences(de
         view.close()
 
 
+def test_a_peer_heard_from_stays_out_of_the_view_while_its_heartbeat_is_refused() -> None:
+    # at a swarm's start no peer has trained yet, so the median cannot judge a forged round; the
+    # run's last round can, the same way on every peer, and a send to the forger (it was drawn
+    # into a group before) does not bring it back
+    from p2p_trainer.config import SecurityConfig
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, honest, liar = SIGNERS[:3]
+    node = FakeNode(me)
+    for signer, rnd in ((honest, 0), (liar, 10**9)):
+        hb = Heartbeat(signer.peer_id, rnd, 0, None, 5000.0, "0.1.0", records.now())
+        records.publish_heartbeat(node, "run", hb, 30, signer)
+    views = {
+        last: SwarmView(node, "run", 60.0, 8.0, SecurityConfig(), last_round=last)  # type: ignore[arg-type]
+        for last in (None, 30)
+    }
+    try:
+        for view in views.values():
+            view.hear_from(lambda _s: {liar.peer_id, honest.peer_id})
+        assert liar.peer_id in views[None].live_peers()  # the median alone lets it through at round 0
+        assert views[30].live_peers() == sorted([me.peer_id, honest.peer_id])
+    finally:
+        for view in views.values():
+            view.close()
+
+
+def test_a_round_past_the_runs_last_is_refused_whatever_the_median() -> None:
+    last = replace(BOUNDS, last_round=200)
+    joiners = [beat("a", 0, round_started=0.0), beat("b", 0, round_started=0.0)]
+    for beats, own in (([*joiners, beat("liar", 201)], 0), ([beat("a", 150), beat("liar", 201)], 150)):
+        kept = bound_heartbeats(beats, own, NOW, last, ReplayFilter(8.0))
+        assert "liar" not in {b.peer_id for b in kept} and len(kept) == len(beats) - 1
+    finishing = bound_heartbeats([beat("a", 200)], 199, NOW, last, ReplayFilter(8.0))
+    assert [b.round for b in finishing] == [200]  # a peer in its last round is honest
+
+
 def test_at_a_swarms_start_a_forged_round_below_the_end_is_outside_the_window() -> None:
     # every honest peer trains round 0 (its start is known); the forger claims round 150 of 200
     training = beat("a", 0, round_started=NOW - 5.0)

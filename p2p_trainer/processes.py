@@ -33,8 +33,13 @@ TREE_GRACE_S = 10.0
 
 hivemind sets torch's sharing strategy to file_system and shares a tensor when a DHT starts
 (MPFuture's state), which starts `torch_shm_manager` as a child of that process in a session
-of its own. It deletes the /dev/shm files when its last client has gone and exits ~2 s later;
-signalled earlier, it leaves them behind. The watchdog (net/reaper.py) exits within ~4 s."""
+of its own. Its one task is to delete its clients' /dev/shm files once they are gone, which it
+does only when it exits, 2 s after its last client; signalled earlier, it leaves them behind.
+`reap_tree` does that task itself once the manager's clients are gone, so that each stop does
+not wait out those 2 s. The watchdog (net/reaper.py) exits within ~4 s."""
+SHM_DIR = Path("/dev/shm")
+SHM_MANAGER_COMM = "torch_shm_manag"
+"""`torch_shm_manager` as /proc/<pid>/comm spells it (the kernel keeps 15 characters)."""
 
 
 # --------------------------------------------------------------------------- /proc reads
@@ -177,12 +182,39 @@ def stop_pid(pid: int, grace_s: float) -> None:
         logger.warning("process %d survived SIGKILL", pid)
 
 
-def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S) -> set[int]:
-    """Wait for the processes of `tree` ({pid: start time}) to exit on their own, SIGKILL those still
-    alive after `grace_s`; return the PIDs that had to be killed."""
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+
+
+def release_shm_managers(managers: set[int], clients: set[int]) -> None:
+    """Do now what `torch_shm_manager`s do when they exit 2 s after their last client has gone
+    (`TREE_GRACE_S`): delete the /dev/shm files the `clients` (all gone) shared, then stop."""
+    for path in SHM_DIR.glob("torch_*"):
+        fields = path.name.split("_")  # torch_<pid of the process that shared it>_<random>_<n>
+        if len(fields) > 2 and fields[1].isdigit() and int(fields[1]) in clients:
+            path.unlink(missing_ok=True)
+    signal_pids(managers, signal.SIGTERM)
+
+
+def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S, owners: Iterable[int] = ()) -> set[int]:
+    """Wait for the processes of `tree` ({pid: start time}, descendants of `owners`) to exit on
+    their own, SIGKILL those still alive after `grace_s`; return the PIDs that had to be killed.
+    Once only torch's shared-memory managers are left and the owners are gone too, the managers
+    are released at once (`release_shm_managers`)."""
     deadline = time.monotonic() + grace_s
+    owners = list(owners)
+    clients = set(tree) | set(owners)
     left = {pid for pid, started in tree.items() if same_process(pid, started)}
+    released = False
     while left and time.monotonic() < deadline:
+        managers = {pid for pid in left if _comm(pid) == SHM_MANAGER_COMM}
+        # without `owners` the clients are not all known: a live one could still need the manager
+        if owners and not released and managers == left and not any(is_alive(pid) for pid in clients - left):
+            release_shm_managers(managers, clients - managers)
+            released = True
         time.sleep(0.05)
         left = {pid for pid in left if same_process(pid, tree[pid])}
     if left:
@@ -267,7 +299,7 @@ class Child:
             self.signal_group(signal.SIGKILL)
             self._log.close()
         if wait_tree:
-            reap_tree(self.tree)
+            reap_tree(self.tree, owners=[self.pid])
         return code
 
 

@@ -184,7 +184,7 @@ class Tracker:
             if processes.start_time(proc.pid) in (None, started):  # the PID was not reused
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-            processes.reap_tree(self.trees[proc.pid])
+            processes.reap_tree(self.trees[proc.pid], owners=[proc.pid])
 
 
 @pytest.fixture

@@ -340,7 +340,8 @@ class LocalSwarm:
             self.boot.stop(timeout_s=boot_timeout_s, wait_tree=False)
         for child in self.started:  # earlier lives of restarted peers (the others return at once)
             child.stop(timeout_s=peer_timeout_s, wait_tree=False)
-        reap_tree({pid: started for child in self.started for pid, started in child.tree.items()})
+        tree = {pid: started for child in self.started for pid, started in child.tree.items()}
+        reap_tree(tree, owners=[child.pid for child in self.started])
 
     def __enter__(self) -> LocalSwarm:
         return self

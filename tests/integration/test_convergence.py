@@ -1,4 +1,4 @@
-"""Convergence check on the real corpus: 4 in-process peers, every method, a few hundred steps.
+"""Convergence check on the real corpus: 4 in-process peers, every method, 180 to 300 inner steps.
 
 Every method must learn and NoLoCo's γ term must measurably tighten the peers' agreement; a small
 model shows both in `make test`. The per-token ordering (per-step averaging best, independent
@@ -18,7 +18,11 @@ from p2p_trainer.run.threads import InProcessResult, run_inprocess
 
 logger = logging.getLogger(__name__)
 
-ROUNDS, H, PEERS = 30, 10, 4
+H, PEERS = 10, 4
+SMALL_ROUNDS = 18
+"""180 inner steps: the small model ends below 2.95 (from ~5.5) in every method, and NoLoCo's peers
+10x closer with γ than without."""
+LARGE_ROUNDS = 30
 
 
 SMALL = ModelConfig(d_model=64, n_layers=2, n_heads=4, seq_len=64)
@@ -26,10 +30,10 @@ SMALL = ModelConfig(d_model=64, n_layers=2, n_heads=4, seq_len=64)
 LARGE = ModelConfig(d_model=128, n_layers=4, n_heads=4, seq_len=64)
 
 
-def _cfg(method: str, model: ModelConfig, **outer: float) -> RunConfig:
+def _cfg(method: str, model: ModelConfig, rounds: int, **outer: float) -> RunConfig:
     return RunConfig(
         seed=0,
-        rounds=ROUNDS,
+        rounds=rounds,
         model=model,
         data=DataConfig(batch_size=8, val_batches=8),
         inner=InnerConfig(lr=1e-3, warmup_steps=10, eval_every=0),
@@ -37,14 +41,14 @@ def _cfg(method: str, model: ModelConfig, **outer: float) -> RunConfig:
     )
 
 
-def _run_all(model: ModelConfig) -> dict[str, InProcessResult]:
+def _run_all(model: ModelConfig, rounds: int) -> dict[str, InProcessResult]:
     runs = {
-        "data-parallel": _cfg("data-parallel", model),
-        "diloco": _cfg("diloco", model),
-        "noloco": _cfg("noloco", model),
-        "noloco-gamma0": _cfg("noloco", model, gamma=0.0),
-        "factored": _cfg("factored", model),
-        "independent": _cfg("independent", model),
+        "data-parallel": _cfg("data-parallel", model, rounds),
+        "diloco": _cfg("diloco", model, rounds),
+        "noloco": _cfg("noloco", model, rounds),
+        "noloco-gamma0": _cfg("noloco", model, rounds, gamma=0.0),
+        "factored": _cfg("factored", model, rounds),
+        "independent": _cfg("independent", model, rounds),
     }
     out = {name: run_inprocess(cfg, PEERS) for name, cfg in runs.items()}
     for name, r in out.items():
@@ -61,12 +65,12 @@ def _run_all(model: ModelConfig) -> dict[str, InProcessResult]:
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, InProcessResult]:
-    return _run_all(SMALL)
+    return _run_all(SMALL, SMALL_ROUNDS)
 
 
 @pytest.fixture(scope="module")
 def large_results() -> dict[str, InProcessResult]:
-    return _run_all(LARGE)
+    return _run_all(LARGE, LARGE_ROUNDS)
 
 
 @pytest.mark.timeout(2400)
@@ -74,7 +78,7 @@ def test_every_method_learns(results: dict[str, InProcessResult]) -> None:
     for name, r in results.items():
         assert r.failed_exchanges == 0, name
         assert max(r.val_loss) < 3.2, f"{name}: validation loss {r.val_loss} did not fall from ~5.5"
-        assert r.tokens == PEERS * ROUNDS * H * 8 * 64
+        assert r.tokens == PEERS * SMALL_ROUNDS * H * 8 * 64
 
 
 @pytest.mark.bench

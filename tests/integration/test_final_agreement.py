@@ -31,7 +31,7 @@ def test_peers_stopped_by_time_at_different_rounds_end_with_the_mean(
     swarm = local_swarm(tiny_config("noloco", rounds=100_000, final_wait_s=60.0), PEERS)
     try:
         # different limits: peers started together with one limit often stop in the same round
-        children = [swarm.start_peer(i, ["--minutes", f"{0.4 + 0.1 * i:.1f}"]) for i in range(PEERS)]
+        children = [swarm.start_peer(i, ["--minutes", f"{0.25 + 0.1 * i:.2f}"]) for i in range(PEERS)]
         assert wait_all(children, timeout_s=150), "peers did not finish"
         assert [c.proc.returncode for c in children] == [0] * PEERS
     finally:

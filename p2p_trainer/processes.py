@@ -37,6 +37,9 @@ of its own. Its one task is to delete its clients' /dev/shm files once they are 
 does only when it exits, 2 s after its last client; signalled earlier, it leaves them behind.
 `reap_tree` does that task itself once the manager's clients are gone, so that each stop does
 not wait out those 2 s. The watchdog (net/reaper.py) exits within ~4 s."""
+NOTE_EVERY_S = 0.25
+"""How often a running child's descendants are noted while it is polled: a descendant that leaves
+its session and is never noted is not waited for at `stop` (a short-lived peer's shm manager)."""
 SHM_DIR = Path("/dev/shm")
 SHM_MANAGER_COMM = "torch_shm_manag"
 """`torch_shm_manager` as /proc/<pid>/comm spells it (the kernel keeps 15 characters)."""
@@ -192,10 +195,8 @@ def _comm(pid: int) -> str:
 def release_shm_managers(managers: set[int], clients: set[int]) -> None:
     """Do now what `torch_shm_manager`s do when they exit 2 s after their last client has gone
     (`TREE_GRACE_S`): delete the /dev/shm files the `clients` (all gone) shared, then stop."""
-    for path in SHM_DIR.glob("torch_*"):
-        fields = path.name.split("_")  # torch_<pid of the process that shared it>_<random>_<n>
-        if len(fields) > 2 and fields[1].isdigit() and int(fields[1]) in clients:
-            path.unlink(missing_ok=True)
+    for path in _shm_files(clients):
+        path.unlink(missing_ok=True)
     signal_pids(managers, signal.SIGTERM)
 
 
@@ -213,7 +214,11 @@ def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S, owners: Itera
         managers = {pid for pid in left if _comm(pid) == SHM_MANAGER_COMM}
         # without `owners` the clients are not all known: a live one could still need the manager
         if owners and not released and managers == left and not any(is_alive(pid) for pid in clients - left):
-            release_shm_managers(managers, clients - managers)
+            # each process that shares starts its own manager: more sharers than managers means
+            # a manager was never noted, which then keeps its files until it exits (waited for)
+            sharers = {int(path.name.split("_")[1]) for path in _shm_files(clients - managers)}
+            if len(sharers) <= len(managers):
+                release_shm_managers(managers, clients - managers)
             released = True
         time.sleep(0.05)
         left = {pid for pid in left if same_process(pid, tree[pid])}
@@ -221,7 +226,28 @@ def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S, owners: Itera
         logger.warning("processes %s outlived their parent by %.0f s; killing them", sorted(left), grace_s)
         signal_pids(left, signal.SIGKILL)
         wait_gone(left, 5.0)
+    if owners:
+        _wait_for_unseen_managers(clients)
     return left
+
+
+def _shm_files(clients: set[int]) -> list[Path]:
+    """The /dev/shm files that `clients` shared (named torch_<pid>_<random>_<n>)."""
+    found = []
+    for path in SHM_DIR.glob("torch_*"):
+        fields = path.name.split("_")
+        if len(fields) > 2 and fields[1].isdigit() and int(fields[1]) in clients:
+            found.append(path)
+    return found
+
+
+def _wait_for_unseen_managers(clients: set[int], timeout_s: float = 3.0) -> None:
+    """Files that `clients` (all gone) shared and that are still there belong to a shm manager
+    that was never noted in the tree (its client exited between two looks): it deletes them when
+    it exits, 2 s after its last client; wait for that, so that nothing outlives the caller."""
+    deadline = time.monotonic() + timeout_s
+    while _shm_files(clients) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- tracked children
@@ -268,7 +294,7 @@ class Child:
     def alive(self) -> bool:
         if self.proc.poll() is not None:
             return False
-        if time.monotonic() - self._noted_at > 1.0:
+        if time.monotonic() - self._noted_at > NOTE_EVERY_S:
             self.note_tree()
         return True
 
@@ -306,7 +332,7 @@ class Child:
 def wait_all(children: Sequence[Child], timeout_s: float, poll_s: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(c.alive() for c in children):
+        if not any([c.alive() for c in children]):  # every one polled: each notes its descendants
             return True
         time.sleep(poll_s)
     return False

@@ -324,7 +324,9 @@ def _watch(opts: LocalOptions, children: list[Child], stop: threading.Event, sho
         return peer_rows(opts.run_dir, opts.peers, [c.proc.poll() for c in children])
 
     with Live(render(rows()), refresh_per_second=1) as live:
-        while not stop.is_set() and any(c.alive() for c in children) and time.monotonic() - started < limit_s:
+        while (
+            not stop.is_set() and any([c.alive() for c in children]) and time.monotonic() - started < limit_s
+        ):
             time.sleep(1.0)
             live.update(render(rows()))
         live.update(render(rows()))  # the last word of each peer: done, stopped or failed

@@ -16,7 +16,7 @@ from p2p_trainer.processes import group_gone, wait_all
 from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR
 from p2p_trainer.train.checkpoint import read_anchor
 from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
-from tests.conftest import SwarmFactory, Tracker, final_of, rounds_of, tiny_config
+from tests.conftest import SwarmFactory, Tracker, final_of, rounds_of, tiny_config, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 PEERS = 3
@@ -99,4 +99,8 @@ def test_compare_independent_reports_consensus_single_peers_and_gain(
     assert all(p["final_agreement"] is None for p in ind["per_peer"])
     assert alone["mean_peer_val_loss"] == pytest.approx(ind["mean_peer_val_loss"])
     assert "gain of the swarm's consensus" in out and "averaged model: val loss" in out
-    assert group_gone(proc.pid) and not tracked.left(proc), tracked.left(proc)
+    # the independent peers train 4 tiny rounds: one may start torch's shm manager and exit
+    # between two of the launcher's looks at its descendants; unseen, the manager is not released
+    # but exits on its own 2 s after its last client (processes.TREE_GRACE_S)
+    assert group_gone(proc.pid)
+    assert wait_until(lambda: not tracked.left(proc), 10), tracked.left(proc)

@@ -41,8 +41,6 @@ NOTE_EVERY_S = 0.25
 """How often a running child's descendants are noted while it is polled: a descendant that leaves
 its session and is never noted is not waited for at `stop` (a short-lived peer's shm manager)."""
 SHM_DIR = Path("/dev/shm")
-SHM_MANAGER_COMM = "torch_shm_manag"
-"""`torch_shm_manager` as /proc/<pid>/comm spells it (the kernel keeps 15 characters)."""
 
 
 # --------------------------------------------------------------------------- /proc reads
@@ -185,11 +183,9 @@ def stop_pid(pid: int, grace_s: float) -> None:
         logger.warning("process %d survived SIGKILL", pid)
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return ""
+def _is_shm_manager(pid: int) -> bool:
+    argv = cmdline(pid)
+    return bool(argv) and argv[0].endswith("torch_shm_manager")
 
 
 def release_shm_managers(managers: set[int], clients: set[int]) -> None:
@@ -209,17 +205,16 @@ def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S, owners: Itera
     owners = list(owners)
     clients = set(tree) | set(owners)
     left = {pid for pid, started in tree.items() if same_process(pid, started)}
-    released = False
+    judged = False  # whether the managers left could be released has been decided
     while left and time.monotonic() < deadline:
-        managers = {pid for pid in left if _comm(pid) == SHM_MANAGER_COMM}
+        managers = {pid for pid in left if _is_shm_manager(pid)}
         # without `owners` the clients are not all known: a live one could still need the manager
-        if owners and not released and managers == left and not any(is_alive(pid) for pid in clients - left):
+        if owners and not judged and managers == left and not any(is_alive(pid) for pid in clients - left):
             # each process that shares starts its own manager: more sharers than managers means
             # a manager was never noted, which then keeps its files until it exits (waited for)
-            sharers = {int(path.name.split("_")[1]) for path in _shm_files(clients - managers)}
-            if len(sharers) <= len(managers):
+            if len(set(_shm_files(clients - managers).values())) <= len(managers):
                 release_shm_managers(managers, clients - managers)
-            released = True
+            judged = True
         time.sleep(0.05)
         left = {pid for pid in left if same_process(pid, tree[pid])}
     if left:
@@ -231,13 +226,13 @@ def reap_tree(tree: dict[int, int], grace_s: float = TREE_GRACE_S, owners: Itera
     return left
 
 
-def _shm_files(clients: set[int]) -> list[Path]:
-    """The /dev/shm files that `clients` shared (named torch_<pid>_<random>_<n>)."""
-    found = []
+def _shm_files(clients: set[int]) -> dict[Path, int]:
+    """The /dev/shm files that `clients` shared (named torch_<pid>_<random>_<n>): {file: pid}."""
+    found = {}
     for path in SHM_DIR.glob("torch_*"):
         fields = path.name.split("_")
         if len(fields) > 2 and fields[1].isdigit() and int(fields[1]) in clients:
-            found.append(path)
+            found[path] = int(fields[1])
     return found
 
 

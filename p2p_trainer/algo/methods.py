@@ -13,8 +13,10 @@ anchors (at round 0 the anchors themselves, which every peer starts from).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import fnmatch
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -157,6 +159,7 @@ class _BlockingExchanges:
         weight: float,
         step: int = 0,
         reference: tuple[torch.Tensor, ...] | None = ZERO,
+        state_digest: bytes = b"",
     ) -> ExchangeRequest:
         xcfg, weighted = self.xcfg, self.cfg.token_weighted
         # what is compared with zero is an update (Δ, gradients): only those take lossy codecs
@@ -176,6 +179,7 @@ class _BlockingExchanges:
             result_codec=results,
             reference=reference,
             weight_floor=self.round_tokens if weighted else 1.0,
+            state_digest=state_digest,
         )
 
     def _start_behind(
@@ -218,9 +222,10 @@ class _BlockingExchanges:
         report: RoundReport,
         step: int = 0,
         reference: tuple[torch.Tensor, ...] | None = ZERO,
+        state_digest: bytes = b"",
     ) -> ExchangeResult:
         t0 = time.monotonic()
-        request = self._request(tag, rnd, group, weight, step, reference)
+        request = self._request(tag, rnd, group, weight, step, reference, state_digest)
         feedback = request.codec.lossy and self.xcfg.error_feedback
         if feedback:
             tensors = self.feedback.contribution((tag, step), tensors)
@@ -248,8 +253,32 @@ def merged_fully(res: ExchangeResult) -> bool:
     return isinstance(res, Ok) and not (res.own_parts or res.late_parts or res.left_out)
 
 
+def state_digest(rnd: int, tensors: list[torch.Tensor]) -> bytes:
+    """16 bytes that differ between two peers' (round, tensors) unless they are bit for bit equal;
+    b"" where a tensor is not in host memory (hashing it there would first copy it off the device)."""
+    if any(t.device.type != "cpu" for t in tensors):
+        return b""
+    h = hashlib.sha256(rnd.to_bytes(8, "little"))
+    for t in tensors:
+        h.update(
+            t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data
+        )  # hashlib drops the GIL here
+    return h.digest()[:16]
+
+
 class DiLoCo(_NoGradientSync, _BlockingExchanges):
-    """§1: blocking all-peer average of Δ, Nesterov outer step; anchors re-agree in the background."""
+    """§1: blocking all-peer average of Δ, Nesterov outer step; anchors re-agree in the background.
+
+    A periodic re-agreement moves the whole model (φ and m) to fix a drift that may not exist: in
+    the round before one, each contribution to the all-reduce of Δ carries a digest of its sender's
+    (φ, m, round), and when that exchange merged fully with every digest equal, every member
+    holds the same φ and m afterwards (the same mean Δ, the same outer step), so the re-agreement
+    would average equal tensors and is skipped.
+    """
+
+    SKIPS_AGREED_REAGREE = True
+    """Whether `end_round`'s exchange carries the digest (a subclass whose exchange does not
+    cover the whole model in the round before a re-agreement turns it off)."""
 
     def __init__(
         self,
@@ -262,15 +291,29 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         super().__init__(cfg, exchange, timing, xcfg, round_tokens)
         self._reagree: PendingExchange | None = None
         self._diverged = False
+        self._agreed = False
+        """The last round's exchange showed every member with this peer's φ and m (then equal)."""
+        self._digest: concurrent.futures.Future[bytes] | None = None
+        self._hasher: concurrent.futures.ThreadPoolExecutor | None = None
 
     def begin_round(self, state: OuterState, weight: float) -> None:
         every = self.cfg.reagree_every
         both = [*state.anchor, *state.momentum]
         reference = self._model_reference(state.round, both)  # every round, for the next one
-        if self._diverged or (every and state.round % every == every - 1):
+        due = bool(every) and state.round % every == every - 1
+        if self._diverged or (due and not self._agreed):
             # the momenta too: after a partial round they differ, and would pull the anchors
             # apart again by α·β·(m_i − m_j) every round
             self._reagree = self._start_behind("reagree", state, ALL, weight, both, reference)
+        elif due:
+            logger.info("round %d: re-agreement skipped: every member's φ and m were equal", state.round)
+        self._agreed = False
+        self._digest = None
+        if self.SKIPS_AGREED_REAGREE and every and (state.round + 2) % every == 0:
+            # φ and m stay as they are until end_round: hashed behind the inner steps
+            if self._hasher is None:
+                self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="digest")
+            self._digest = self._hasher.submit(state_digest, state.round, both)
 
     def _mixed_state(
         self, state: OuterState, report: RoundReport
@@ -289,10 +332,16 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
     ) -> None:
         delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
-        res = self._average(delta, "outer", state.round, ALL, weight, report)
+        digest = self._digest.result() if self._digest is not None else b""
+        res = self._average(delta, "outer", state.round, ALL, weight, report, state_digest=digest)
         mean_delta = res.tensors if isinstance(res, Ok) else delta
+        reagreed = self._reagree is not None
         anchor, momentum = self._mixed_state(state, report)
         self._diverged = self._diverged or not merged_fully(res)
+        # a re-agreement landing this round replaced φ and m after they were hashed
+        self._agreed = (
+            bool(digest) and not reagreed and merged_fully(res) and isinstance(res, Ok) and res.agreed
+        )
         _finish(
             params,
             state,

@@ -68,6 +68,9 @@ class _InFlight:
 class StreamingDiLoCo(DiLoCo):
     """DiLoCo with `outer.fragments` > 1, or with `outer.overlap` (one fragment: the whole model)."""
 
+    SKIPS_AGREED_REAGREE = False
+    """A round's exchange covers one fragment, landing a round late: it cannot vouch for φ and m."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fragments: list[list[int]] | None = None

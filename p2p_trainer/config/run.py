@@ -90,7 +90,9 @@ class OuterConfig:
     """DiLoCo: every this many rounds, and in the round after an exchange that merged only in part
     or failed, also average the anchors φ over all peers in the background (overlapping the inner
     steps, like Mix1), so anchors that drifted apart (a member died mid-exchange, views differed)
-    agree again. 0: only after such exchanges. Other methods mix their anchors already."""
+    agree again. 0: only after such exchanges. A periodic one is skipped when the round before
+    showed every member's φ and m equal (docs/algorithms.md §1). Other methods mix their anchors
+    already."""
     fragments: int = 1
     """P (DiLoCo only; Streaming DiLoCo): the parameters are cut into P fragments of about equal
     size and each round averages one of them in turn, so each fragment is averaged every P rounds

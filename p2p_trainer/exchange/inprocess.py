@@ -8,6 +8,7 @@ contributions' bytes and (n−1)/n of the results' bytes in the request's codecs
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ _Key = tuple[str, int, int]  # (tag, round, gossip_step)
 class _Slot:
     members: list[str]
     contributions: dict[str, tuple[list[torch.Tensor], float]] = field(default_factory=dict)
+    digests: dict[str, bytes] = field(default_factory=dict)
     arrived: set[str] = field(default_factory=set)
     fetched: set[str] = field(default_factory=set)
     result: ExchangeResult | None = None
@@ -62,6 +64,7 @@ class InProcessSwarm:
             index, members = group_of(name, sorted(self.live | {name}), request.group_size, seed)
             slot = self._slots.setdefault((key, index), _Slot(members=members))
             slot.contributions[name] = (tensors, request.weight)
+            slot.digests[name] = request.state_digest
             slot.arrived.add(name)
             if slot.arrived >= set(slot.members):
                 slot.result = self._reduce(slot, tensors, request.codec, request.results)
@@ -93,8 +96,14 @@ class InProcessSwarm:
         numel = sum(t.numel() for t in like)
         k = results.result_k(n)
         moved = int((n - 1) / n * (codec.payload_bytes(numel) + results.payload_bytes(numel, k)))
+        digests = set(slot.digests.values())
         return Ok(
-            mean, group_size=n, total_weight=float(sum(weights)), bytes_sent=moved, bytes_received=moved
+            mean,
+            group_size=n,
+            total_weight=float(sum(weights)),
+            bytes_sent=moved,
+            bytes_received=moved,
+            agreed=n == len(slot.members) and len(digests) == 1 and b"" not in digests,
         )
 
     def _wait(self, slot_key: tuple[_Key, int], name: str, deadline: float) -> ExchangeResult:
@@ -134,9 +143,7 @@ class _InProcessPending:
 
 def _with_elapsed(res: ExchangeResult, elapsed_s: float) -> ExchangeResult:
     if isinstance(res, Ok):
-        return Ok(
-            res.tensors, res.group_size, res.total_weight, res.bytes_sent, res.bytes_received, elapsed_s
-        )
+        return dataclasses.replace(res, elapsed_s=elapsed_s)
     return Failed(res.reason, elapsed_s)
 
 

@@ -59,6 +59,9 @@ class Ok:
     rejected: tuple[str, ...] = ()
     """Members (short ids, also in `left_out`) whose contribution or result failed this peer's
     bounds (§10): left out of the merge and penalised."""
+    agreed: bool = False
+    """The request named a `state_digest` and every contribution this peer merged carried the
+    same one: with a full merge, every member holds the state that digest describes."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,10 @@ class ExchangeRequest:
     """A weight any honest peer may claim whatever this peer's own (one full round's tokens where
     weights are tokens, 1 where they are all equal): the floor of the weight bound (§10); inf
     leaves only the backend's absolute bound."""
+    state_digest: bytes = b""
+    """A digest of state the caller holds besides the tensors (DiLoCo: φ, m and the round), sent
+    with each contribution so that the result says whether every member's was the same
+    (`Ok.agreed`); empty sends none."""
     in_round: bool = True
     """The members are the peers in this round: a backend that knows the peers' rounds leaves out
     those too far from it to take part (`net/in_step.py`). False for an exchange that peers in

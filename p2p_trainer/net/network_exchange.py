@@ -162,6 +162,7 @@ class NetworkExchange:
             codec=request.codec,
             result_codec=request.results,
             defence=defence,  # its penalties leave members out of this peer's groups (§10)
+            state_digest=request.state_digest,
         )
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _NetworkPending:
@@ -183,7 +184,7 @@ class NetworkExchange:
             if contributed is not None:
                 contributed()  # alone: the fault point is reached all the same
             done: concurrent.futures.Future[ExchangeResult] = concurrent.futures.Future()
-            done.set_result(Ok([flat], 1, request.weight))
+            done.set_result(Ok([flat], 1, request.weight, agreed=bool(request.state_digest)))
             return _NetworkPending(done, like, taken)
         reference = None
         if request.reference is not None:

@@ -3,6 +3,8 @@
 Each value message carries its weight ("w"), value count ("n") and codec ("dt", with its block
 "b" and top-k "k" where it has them) in its header; a receiver checks them all, the payload
 against them (`exchange/codecs.py`) and the values' finiteness before anything is merged.
+A contribution may also carry its sender's state digest ("sd"), only ever compared with the
+receiver's own (`allreduce.py`).
 """
 
 from __future__ import annotations

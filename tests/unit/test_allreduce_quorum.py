@@ -264,3 +264,32 @@ def test_a_part_in_an_unknown_number_format_is_dropped() -> None:
         )
 
     assert isinstance(asyncio.run(run()), Failed)
+
+
+def _with_digests(digests: list[bytes]) -> dict[str, Any]:
+    """A full 3-member butterfly whose members send these state digests; each member's result."""
+    members = [f"peer{i}" for i in range(len(digests))]
+    net: dict[str, FakeTransport] = {}
+    for m in members:
+        net[m] = FakeTransport(m, net, set())
+
+    async def one(i: int) -> Any:
+        spec = dataclasses.replace(_spec(members, members[i], 0), state_digest=digests[i])
+        flat = torch.full((10,), float(i))
+        return await butterfly_average(net[members[i]], spec, flat, 1.0, time.monotonic() + 30)  # type: ignore[arg-type]
+
+    async def everyone() -> list[Any]:
+        return await asyncio.gather(*(one(i) for i in range(len(digests))))
+
+    return dict(zip(members, asyncio.run(everyone()), strict=True))
+
+
+def test_the_result_says_whether_every_member_sent_the_same_state_digest() -> None:
+    same = _with_digests([b"a" * 16] * 3)
+    assert all(isinstance(r, Ok) and r.own_parts == 0 and r.agreed for r in same.values())
+    # one member's differs: every member learns it, the odd one and the two that agree alike
+    one_off = _with_digests([b"a" * 16, b"a" * 16, b"b" * 16])
+    assert all(isinstance(r, Ok) and r.own_parts == 0 and not r.agreed for r in one_off.values())
+    # no digest sent: nothing is vouched for
+    none = _with_digests([b""] * 3)
+    assert all(isinstance(r, Ok) and not r.agreed for r in none.values())

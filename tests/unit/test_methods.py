@@ -234,3 +234,51 @@ def test_diloco_reagrees_in_the_round_after_a_partial_exchange_until_one_succeed
         method.end_round(params, state, 1.0, RoundReport(state.round))
     # round 1 merged in part, round 2 failed: rounds 2 and 3 re-agree; round 3's succeeds
     assert ex.started == [("reagree", 2), ("reagree", 3)]
+
+
+def _diloco_rounds(cfg: OuterConfig, anchors: list[list[torch.Tensor]], rounds: int) -> list[list[list[str]]]:
+    """`rounds` DiLoCo rounds of in-process peers from these anchors (θ moved by a little noise
+    each round); the exchange tags of each peer's rounds."""
+    n = len(anchors)
+    swarm = InProcessSwarm(n, seed=0)
+    methods = [build_method(cfg, swarm.exchange(i)) for i in range(n)]
+    states = [
+        OuterState(anchor=[a.clone() for a in anchors[i]], momentum=[torch.zeros_like(a) for a in anchors[i]])
+        for i in range(n)
+    ]
+    tags: list[list[list[str]]] = [[] for _ in range(n)]
+
+    def work(i: int, rnd: int) -> None:
+        g = torch.Generator().manual_seed(100 * rnd + i)
+        methods[i].begin_round(states[i], 1.0)
+        params = [a + 0.01 * torch.randn(a.shape, generator=g) for a in states[i].anchor]
+        report = RoundReport(rnd)
+        methods[i].end_round(params, states[i], 1.0, report)
+        tags[i].append([e.tag for e in report.exchanges])
+
+    for rnd in range(rounds):
+        threads = [threading.Thread(target=work, args=(i, rnd)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    for s in states[1:]:
+        for got, want in zip(s.anchor + s.momentum, states[0].anchor + states[0].momentum, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    return tags
+
+
+def test_diloco_skips_a_periodic_reagreement_when_every_members_state_was_equal() -> None:
+    cfg = OuterConfig.for_method("diloco", reagree_every=2)
+    anchors, _ = _peers(3)
+    tags = _diloco_rounds(cfg, anchors, 4)
+    # rounds 1 and 3 are due; round 0's and 2's exchanges showed equal (φ, m) everywhere
+    assert all(t == [["outer"]] * 4 for t in tags), tags
+
+
+def test_diloco_reagrees_when_the_digests_show_a_drift_and_skips_once_it_is_gone() -> None:
+    cfg = OuterConfig.for_method("diloco", reagree_every=2)
+    anchors, _ = _peers(3)
+    anchors[2][0] += 1e-3  # one peer's φ differs: its Δ still averages in full
+    tags = _diloco_rounds(cfg, anchors, 4)
+    assert all(t == [["outer"], ["outer", "reagree"], ["outer"], ["outer"]] for t in tags), tags

@@ -16,8 +16,8 @@ Precedence, highest first (`sources.effective_config`, which also says where eac
    fields as written, others as a TOML value (16, 0.5, true, [0.9, 0.95]); a wrong type or an
    unknown table or field is an error naming the variable;
 3. the file: `--config FILE`, or P2PT_CONFIG where no `--config` is given;
-4. the default: without a file the packaged default run, then each field's own default, and for
-   [outer] fields left unset the method's reference values.
+4. the default: the packaged default run (a file is read over it, `sources.over_default_run`),
+   then each field's own default, and for [outer] fields left unset the method's reference values.
 
 `file_check.check_config_file` lists every wrong field of a file at once (`p2p-trainer config check`).
 """

@@ -1,8 +1,9 @@
 """`p2p-trainer config check`: every wrong field of a config file at once, not only the first.
 
 Building a config stops at its first error, so the file is built again and again: each time the
-field the error names is put back to its default (dropped from the file's values) and the next
-error can show. Unknown keys are all listed before that, each with the allowed names.
+field the error names is put back to its default, the default run's or the field's own (dropped
+from the file's values), and the next error can show. Unknown keys are all listed before that,
+each with the allowed names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from p2p_trainer.config.checks import ConfigError
 from p2p_trainer.config.run import OuterConfig, RunConfig
+from p2p_trainer.config.sources import over_default_run
 from p2p_trainer.config.toml_io import SECTIONS, TOP, moved_keys_hint, read_toml
 
 
@@ -42,8 +44,10 @@ def _unknown_keys(raw: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
 
 
 def _build(values: dict[str, Any]) -> RunConfig:
-    tables = {key: SECTIONS[key](**value) for key, value in values.items() if key in SECTIONS}
-    return RunConfig(**{key: value for key, value in values.items() if key in TOP}, **tables)
+    """The run `values` describe, read over the default run as `load_config` reads a file."""
+    merged, _ = over_default_run(values)
+    tables = {key: SECTIONS[key](**value) for key, value in merged.items() if key in SECTIONS}
+    return RunConfig(**{key: value for key, value in merged.items() if key in TOP}, **tables)
 
 
 def _blamed(message: str, values: dict[str, Any]) -> tuple[str, str] | None:

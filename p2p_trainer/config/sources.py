@@ -9,6 +9,9 @@ table or field does not exist is an error, since a typo would otherwise be ignor
 word; other `P2PT_` names without `__` are not config fields and are left alone. An empty variable
 counts as unset (`VAR=` in a compose file or an environment file).
 
+A file is read over the packaged default run (`over_default_run`): what it leaves unset comes
+from the default run, then from each field's own default.
+
 Values go into the file's tables before the config is built, so an environment variable or a
 flag is the same as writing the value in the file: setting [outer] method keeps the file's other
 [outer] values and the method's reference values fill only what is left unset.
@@ -194,6 +197,23 @@ def _origin_note(message: str, overridden: Mapping[Key, Source]) -> str:
     return f" ({'; '.join(notes)}: change or unset it)" if notes else ""
 
 
+def over_default_run(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[Key]]:
+    """A config file's tables laid over the packaged default run's, and the keys only the default set.
+
+    A file says how its run differs from the default run (`p2p-trainer config` prints it), so one
+    that names only its model and data still gets the default run's method, H, codecs and quorum,
+    not the fields' bare defaults (float32 on the wire, a quorum of half the group): the same run
+    as the default one with `--method` and the environment saying what differs.
+    """
+    default = tomllib.loads(default_config_text())
+    merged = dict(default)
+    for name, value in raw.items():
+        base = merged.get(name)
+        merged[name] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    in_file = set(_keys_in(raw))
+    return merged, [key for key in _keys_in(default) if key not in in_file]
+
+
 def effective_config(
     path: str | Path | None = None,
     *,
@@ -205,9 +225,15 @@ def effective_config(
 ) -> EffectiveConfig:
     """The run in TOML file `path` (None: the packaged default run), the config fields set in
     `environ` on top (None: none) and the flags on top of those; with the source of each field."""
-    raw = tomllib.loads(default_config_text()) if path is None else read_toml(path)
-    base = Source("default", "(default.toml)") if path is None else Source("file", str(path))
-    sources = {dotted(key): base for key in _keys_in(raw)}
+    shipped = Source("default", "(default.toml)")
+    if path is None:
+        raw = tomllib.loads(default_config_text())
+        sources = {dotted(key): shipped for key in _keys_in(raw)}
+    else:
+        in_file = read_toml(path)
+        raw, from_default = over_default_run(in_file)
+        sources = {dotted(key): Source("file", str(path)) for key in _keys_in(in_file)}
+        sources.update({dotted(key): shipped for key in from_default})
     overridden: dict[Key, Source] = {}
     env = read_environment(environ) if environ is not None else {}
     flags: dict[Key, tuple[object, str]] = {

@@ -25,6 +25,7 @@ from p2p_trainer.config import (
     load_config,
     to_toml,
 )
+from p2p_trainer.config.file_check import check_config_file
 from p2p_trainer.config.toml_io import MOVED_TO_EXCHANGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +39,16 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_python_toml_and_flags_give_the_same_config(method: str, tmp_path: Path) -> None:
+    # a file is read over the default run: what it leaves unset is the default run's (written out
+    # here, as default.toml has them), not the fields' own defaults
     python = RunConfig(
         rounds=3,
         seed=5,
-        outer=OuterConfig(method=method, mix2_rounds=2),  # type: ignore[arg-type]
-        exchange=ExchangeConfig(timeout_s=9.0),
+        inner=InnerConfig(eval_every=20),
+        outer=OuterConfig(method=method, num_inner_steps=20, mix2_rounds=2),  # type: ignore[arg-type]
+        exchange=ExchangeConfig(
+            timeout_s=9.0, quorum_fraction=1.0, wire_dtype="float16", update_codec="int8"
+        ),
     )
     in_file = _write(
         tmp_path,
@@ -88,7 +94,8 @@ def test_method_flag_changes_only_the_method(tmp_path: Path) -> None:
     file_cfg = load_config(path)
     assert cfg.outer.method == "diloco"
     assert (cfg.outer.num_inner_steps, cfg.outer.outer_momentum, cfg.outer.mix2_every) == (7, 0.3, 4)
-    assert cfg.exchange == file_cfg.exchange == ExchangeConfig(quorum_fraction=1.0, mix1_grace_s=2.5)
+    in_file = ExchangeConfig(quorum_fraction=1.0, mix1_grace_s=2.5, wire_dtype="float16", update_codec="int8")
+    assert cfg.exchange == file_cfg.exchange == in_file  # the codecs: the default run's
     assert not cfg.outer.align_rounds  # factored's default, not set in the file: diloco's applies
     # a value the file leaves unset takes the new method's reference value
     path.write_text('[outer]\nmethod = "factored"\nnum_inner_steps = 7\n')
@@ -192,3 +199,23 @@ def test_old_outer_exchange_keys_say_where_they_moved() -> None:
 def test_pause_bound_comes_from_the_exchange_section() -> None:
     assert ExchangeConfig(quorum_wait_max_s=4.0, grace_max_s=2.0).pause_bound_s == 10.0
     assert ExchangeConfig(timeout_s=3.0).pause_bound_s == 3.0
+
+
+def test_a_file_is_read_over_the_default_run(tmp_path: Path) -> None:
+    """A file that names only its model still gets the default run's method, H, codecs and quorum
+    (as default.toml has them), not the fields' own defaults (factored, float32, quorum 0.5)."""
+    path = _write(tmp_path, '[model]\narch = "llama"\nd_model = 64\n')
+    cfg = load_config(path)
+    assert (cfg.model.arch, cfg.model.d_model, cfg.model.n_layers) == ("llama", 64, 4)
+    assert (cfg.rounds, cfg.outer.method, cfg.outer.num_inner_steps) == (15, "diloco", 20)
+    assert (cfg.exchange.quorum_fraction, cfg.exchange.wire_dtype, cfg.exchange.update_codec) == (
+        1.0,
+        "float16",
+        "int8",
+    )
+    assert check_config_file(path) == []
+    # the file's own values win, field by field; [outer] fields neither sets take the method's
+    path.write_text('[exchange]\nupdate_codec = "int4"\n[outer]\nmethod = "noloco"\n')
+    cfg = load_config(path)
+    assert (cfg.exchange.update_codec, cfg.exchange.wire_dtype) == ("int4", "float16")
+    assert (cfg.outer.method, cfg.outer.num_inner_steps, cfg.outer.outer_momentum) == ("noloco", 20, 0.5)

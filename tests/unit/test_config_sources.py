@@ -148,7 +148,10 @@ def test_config_show_prints_the_effective_config_and_each_source(tmp_path: Path)
     assert lines["lr"].endswith("# env P2PT_INNER__LR")
     assert lines["batch_size"].endswith(f"# file {path}")
     assert lines["weight_decay"].endswith("# default")
-    assert lines["outer_momentum"].endswith("# default (method factored)")
+    # what the file leaves unset comes from the default run, then the method's reference values
+    assert lines["method"].endswith("# default (default.toml)") and '"diloco"' in lines["method"]
+    assert lines["update_codec"].endswith("# default (default.toml)") and '"int8"' in lines["update_codec"]
+    assert lines["outer_momentum"].endswith("# default (method diloco)")
     # the group's options reach the subcommand too
     got = CliRunner().invoke(main, ["config", "--config", str(path), "show"], env={})
     assert "# file " in got.output and tomllib.loads(got.output)["rounds"] == 4

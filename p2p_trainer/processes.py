@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -49,7 +50,8 @@ SHM_DIR = Path("/dev/shm")
 def _stat(pid: int | str) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (state first), or [] if it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:  # polled: no Path
+            stat = f.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return []
     # the command name is in parentheses and may contain spaces: split after the last ')'
@@ -86,14 +88,37 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
+_table: tuple[float, dict[int, tuple[int, int]]] = (-math.inf, {})
+"""The last scan of /proc: (when, {pid: (parent pid, start time)})."""
+
+
+def _process_table(max_age_s: float = 0.0) -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, start time)} of every live process, from a scan at most `max_age_s` old.
+
+    A scan reads every process's stat file; a launcher polling several children shares one."""
+    global _table
+    at, table = _table
+    if time.monotonic() - at <= max_age_s:
+        return table
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat(name)
+            if fields:
+                table[int(name)] = (int(fields[1]), int(fields[19]))
+    _table = (time.monotonic(), table)
+    return table
+
+
 def descendants(pid: int) -> set[int]:
     """All live descendants of `pid` (children, grandchildren, ... in any session), not `pid` itself."""
+    return _descendants_in(_process_table(), pid)
+
+
+def _descendants_in(table: dict[int, tuple[int, int]], pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(entry.name)
-            if fields:
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
     found: set[int] = set()
     stack = [pid]
     while stack:
@@ -278,19 +303,21 @@ class Child:
     def pid(self) -> int:
         return self.proc.pid
 
-    def note_tree(self) -> None:
-        """Remember the child's current descendants (they may move to other sessions or be orphaned)."""
+    def note_tree(self, max_age_s: float = 0.0) -> None:
+        """Remember the child's current descendants (they may move to other sessions or be
+        orphaned), from a scan of /proc at most `max_age_s` old."""
         self._noted_at = time.monotonic()
-        for pid in descendants(self.pid):
-            started = start_time(pid)
-            if started is not None:
-                self.tree.setdefault(pid, started)
+        table = _process_table(max_age_s)
+        for pid in _descendants_in(table, self.pid):
+            self.tree.setdefault(pid, table[pid][1])
 
     def alive(self) -> bool:
         if self.proc.poll() is not None:
             return False
         if time.monotonic() - self._noted_at > NOTE_EVERY_S:
-            self.note_tree()
+            # the children polled together share one scan: noting only adds pids, so a scan a
+            # fraction of the period old misses nothing that the next one would not catch
+            self.note_tree(NOTE_EVERY_S / 2)
         return True
 
     def send(self, sig: int) -> None:

@@ -297,6 +297,9 @@ class FinalRecord(_Line):
     """Validation loss of the peer's own anchor before the final agreement (None where none ran)."""
     agreement: ExchangeRecord | None = None
     """The final agreement's exchange (None where none ran: a stop signal, method independent)."""
+    kept_own: bool = False
+    """The agreement merged, but its average was worse than the peer's own model by more than
+    `exchange.final_max_loss_increase`, so the peer kept its own."""
 
 
 LogRecord = StartRecord | ResumeRecord | RoundRecord | RejoinRecord | FinalRecord

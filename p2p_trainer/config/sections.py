@@ -289,6 +289,12 @@ class ExchangeConfig:
     one last all-peer average of its anchor φ, so each ends holding the swarm's consensus model.
     Method "independent" never exchanges, so it ignores this. A failed final exchange keeps the
     peer's own model (run/final_agreement.py)."""
+    final_max_loss_increase: float = 0.02
+    """The final agreement's average is kept only where its validation loss is at most this
+    fraction above the peer's own model's; else the peer goes back to its own model and says so.
+    Models that stayed close average to one as good or better; models that drifted apart (a
+    split swarm, exchanges that kept failing) can average to one worse than either. inf: always
+    keep the average. Workloads without validation batches always keep it."""
     final_wait_s: float = 60.0
     """Longest a finishing peer waits in the final agreement for the others (then at most
     `timeout_s` for the transfer): it covers the skew between the peers' ends (a time bound starts
@@ -298,6 +304,11 @@ class ExchangeConfig:
     def __post_init__(self) -> None:
         check_fields(self, "exchange")
         require(self.final_wait_s > 0, f"exchange.final_wait_s={self.final_wait_s}: use a positive value")
+        require(
+            self.final_max_loss_increase >= 0,
+            f"exchange.final_max_loss_increase={self.final_max_loss_increase}: use a value >= 0"
+            " (0.02 = 2% worse at most; inf keeps every average)",
+        )
         require(self.timeout_s > 0, f"exchange.timeout_s={self.timeout_s}: use a positive value")
         require(self.mix1_grace_s >= 0, "exchange.mix1_grace_s must be >= 0")
         require(

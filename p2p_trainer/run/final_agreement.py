@@ -16,6 +16,12 @@ Failure keeps work: the checkpoint is written before the exchange, a `Failed` re
 signal during the wait) keeps the peer's own φ and says why in the log and the final record. An
 `Ok` result is adopted as the exchanges in training are: each part is the mean of the members its
 owner heard from, and `group_size`/`own_parts` in the record say how complete it was.
+
+A worse average is not kept (`keep_the_better`): models that drifted apart (a swarm split for
+many rounds, exchanges that kept failing) can average to a model worse than any of them, and a
+user's run must not end there. Each peer evaluates both on the validation batches every peer
+shares and goes back to its own where the average is more than
+`exchange.final_max_loss_increase` worse, with a warning.
 """
 
 from __future__ import annotations
@@ -105,6 +111,28 @@ def adopt_anchor(peer: Peer, anchor: list[torch.Tensor]) -> None:
             else:
                 p.add_((new - old).to(p.device, p.dtype))
     peer.state.anchor = [a.detach().float().clone() for a in anchor]
+
+
+def keep_the_better(
+    peer: Peer, own: list[torch.Tensor], max_increase: float
+) -> tuple[float | None, float | None, bool]:
+    """After an agreement that changed φ to the average: (the own model's validation loss, the
+    average's, whether the peer went back to its own). No validation batches: the average stays."""
+    if not peer.val:
+        return None, None, False
+    own_loss, mean_loss = peer.evaluate(own), peer.evaluate(peer.state.anchor)
+    if mean_loss <= own_loss + max_increase * abs(own_loss):
+        return own_loss, mean_loss, False
+    logger.warning(
+        "final agreement: the swarm's average has validation loss %.4f, this peer's own model %.4f"
+        " (more than exchange.final_max_loss_increase=%g worse): the models had drifted apart;"
+        " this peer keeps its own",
+        mean_loss,
+        own_loss,
+        max_increase,
+    )
+    adopt_anchor(peer, own)
+    return own_loss, mean_loss, True
 
 
 def agree(peer: Peer, request: ExchangeRequest, stopped: Callable[[], bool]) -> ExchangeRecord:

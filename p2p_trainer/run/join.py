@@ -39,7 +39,13 @@ from p2p_trainer.net.swarm_view import PeerStatus, SwarmView
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import DropCount, FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
-from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR, agree, final_request, wants_final_agreement
+from p2p_trainer.run.final_agreement import (
+    BEFORE_FINAL_DIR,
+    agree,
+    final_request,
+    keep_the_better,
+    wants_final_agreement,
+)
 from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile
 from p2p_trainer.run.round_lines import ObservedWriter, RecordObserver, log_record, round_outcome
 from p2p_trainer.run.tensorboard_scalars import TensorBoardScalars
@@ -438,12 +444,18 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
     and a checkpoint of the agreed model; then evaluation of φ and the final record, returned."""
     peer, cfg = j.peer, j.opts.run
     final_hash = _checkpoint(j)  # kept if the final agreement fails or is killed
-    own_anchor, own_loss, agreement = peer.state.anchor, None, None
+    own_anchor, own_loss, agreement, kept_own = peer.state.anchor, None, None, False
+    mean_loss: float | None = None
     if not stopped and wants_final_agreement(cfg):
         reference = peer.workload.initial_weights()
         agreement = agree(peer, final_request(cfg, reference), stop_requested)
-        own_loss = _evaluate(peer, own_anchor)
         if agreement.merged:
+            own_loss, mean_loss, kept_own = keep_the_better(
+                peer, own_anchor, cfg.exchange.final_max_loss_increase
+            )
+        else:
+            own_loss = _evaluate(peer, own_anchor)
+        if agreement.merged and not kept_own:
             final_hash = _checkpoint(j)
             j.server.publish(peer.state, peer.timing.t_step_s, skipped_s(peer))
             # the summary compares the consensus with each peer's own model
@@ -455,7 +467,12 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
                 peer.tokens,
                 time.monotonic() - j.started,
             )
-    val_loss = _evaluate(peer, peer.state.anchor) if agreement is None or agreement.merged else own_loss
+    if agreement is None:
+        val_loss = _evaluate(peer, peer.state.anchor)
+    elif agreement.merged and not kept_own:
+        val_loss = mean_loss if mean_loss is not None else _evaluate(peer, peer.state.anchor)
+    else:
+        val_loss = own_loss
     record = FinalRecord(
         peer=j.node.peer_id,
         round=peer.state.round,
@@ -467,6 +484,7 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
         step=peer.step,
         own_val_loss=own_loss,
         agreement=agreement,
+        kept_own=kept_own,
     )
     j.metrics.write(record)
     return record

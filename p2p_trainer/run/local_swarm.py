@@ -104,10 +104,14 @@ def _own_loss(final: FinalRecord | None) -> float | None:
     return final.own_val_loss if final.own_val_loss is not None else final.val_loss
 
 
-def _agreement(rec: ExchangeRecord | None) -> str | None:
-    """The final agreement's outcome: "ok(<group size>)", "failed: <why>", or None where none ran."""
-    if rec is None:
+def _agreement(final: FinalRecord | None) -> str | None:
+    """The final agreement's outcome: "ok(<group size>)", "kept own (...)" where the average was
+    worse than the peer's own model, "failed: <why>", or None where none ran."""
+    rec = final.agreement if final is not None else None
+    if final is None or rec is None:
         return None
+    if rec.merged and final.kept_own:
+        return f"kept own (the average of {rec.group_size} was worse)"
     if rec.merged:
         return f"ok({rec.group_size})"
     return f"failed: {rec.reason or 'averaged with no one'}"
@@ -129,7 +133,7 @@ def _peer_entry(name: str, log: RunLog) -> dict[str, Any]:
         "tokens": rounds[-1].tokens if rounds else 0,
         "val_loss": final.val_loss if final else None,
         "own_val_loss": _own_loss(final),
-        "final_agreement": _agreement(final.agreement if final else None),
+        "final_agreement": _agreement(final),
         "utilisation": compute / (wall + skipped * step_s) if wall else 0.0,
         "skipped_steps": skipped,
         "blocked_s": sum(r.blocked_s for r in rounds),

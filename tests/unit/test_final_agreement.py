@@ -14,7 +14,13 @@ from p2p_trainer.config import ExchangeConfig, RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL
 from p2p_trainer.round_log import ExchangeRecord
-from p2p_trainer.run.final_agreement import FINAL_TAG, agree, final_request, wants_final_agreement
+from p2p_trainer.run.final_agreement import (
+    FINAL_TAG,
+    agree,
+    final_request,
+    keep_the_better,
+    wants_final_agreement,
+)
 from p2p_trainer.train.data import load_corpus
 from p2p_trainer.train.trainer import Peer
 from tests.conftest import tiny_config
@@ -146,3 +152,26 @@ def test_the_final_exchange_bounds_models_against_the_seeds_and_refuses_a_revers
     mean_with_liar = (own + honest - 10.0 * honest) / 3
     assert check_result(mean_with_liar, scale, defence) is not None  # a poisoned owner's result
     assert check_result((own + honest) / 2, scale, defence) is None
+
+
+def test_an_average_worse_than_the_own_model_is_not_kept() -> None:
+    cfg = tiny_config("diloco", rounds=2)
+    peer = _peers(cfg, 1, mid_round=False)[0]
+    own = [a.clone() for a in peer.state.anchor]
+    g = torch.Generator().manual_seed(0)
+    drifted = [a + 0.5 * torch.randn(a.shape, generator=g) for a in own]  # far from the own model
+    with torch.no_grad():  # as `agree` leaves a peer at a round's end: θ = φ = the average
+        for p, d in zip(peer.params, drifted, strict=True):
+            p.copy_(d)
+    peer.state.anchor = [d.clone() for d in drifted]
+    own_loss, mean_loss, kept = keep_the_better(peer, own, 0.02)
+    assert kept and own_loss is not None and mean_loss is not None and mean_loss > 1.02 * own_loss
+    for a, p, o in zip(peer.state.anchor, peer.params, own, strict=True):
+        torch.testing.assert_close(a, o, rtol=0, atol=0)
+        torch.testing.assert_close(p.detach(), o, rtol=0, atol=0)
+    # an average no worse than the own model (within the bound), or no bound at all: kept
+    peer.state.anchor = [d.clone() for d in drifted]
+    assert keep_the_better(peer, own, float("inf"))[2] is False
+    assert all(torch.equal(a, d) for a, d in zip(peer.state.anchor, drifted, strict=True))
+    peer.state.anchor = [o + 1e-6 for o in own]
+    assert keep_the_better(peer, own, 0.02)[2] is False

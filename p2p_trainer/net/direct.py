@@ -22,7 +22,8 @@ does not answer (behind NAT, a firewall) is sent to through p2pd as before, whic
 Bounds, since anyone who can reach the port may connect: at most `MAX_HANDSHAKES` connections
 in their handshake at once, each given `HANDSHAKE_TIMEOUT_S`; per authenticated sender at most
 `max_conns_per_sender` connections (further ones are refused in the handshake); an idle
-connection closes after `IDLE_S`. Each message then passes the transport's own checks (live view,
+connection closes after `IDLE_S`. The dialler's own idle connections are swept on its sends, every
+`SWEEP_S` at most, so connections to peers that left are not held for the rest of the run. Each message then passes the transport's own checks (live view,
 mailbox quota, read timeout, size limits).
 """
 
@@ -59,6 +60,9 @@ CONNECT_TIMEOUT_S = 3.0
 IDLE_S = 120.0
 """The listener closes a connection idle this long; the dialler reuses one only if idle for less
 than half of it, so it does not write into a connection the other end is closing."""
+SWEEP_S = 30.0
+"""How often (at most, on a send) the dialler closes idle connections too old to reuse and drops
+the pools of peers it no longer sends to (peers that left), which nothing else would look at."""
 MAX_ADDRESS_CHARS = 64
 ACCEPTED, REFUSED = b"\x01", b"\x00"
 
@@ -159,6 +163,8 @@ class _Pool:
 
     limit: asyncio.Semaphore
     idle: list[_Conn] = field(default_factory=list)
+    sending: int = 0
+    """Sends in progress (waiting for a connection or on one): the pool is not dropped meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,7 @@ class DirectPlane:
         self._handshaking = 0
         self._by_sender: dict[str, int] = {}
         self._serving: set[asyncio.Task[None]] = set()
+        self._swept_at = time.monotonic()
         self.refused = 0
         """Connections refused: handshake failed or timed out, too many, or the sender not admitted."""
 
@@ -345,9 +352,38 @@ class DirectPlane:
         Raises `DirectError` when no connection can be made (the caller uses p2pd), and
         ConnectionError / IncompleteReadError when one breaks mid-message (the caller retries).
         """
+        if time.monotonic() - self._swept_at >= SWEEP_S:
+            self.sweep()
         pool = self._pools.get(peer_id)
         if pool is None:
             pool = self._pools[peer_id] = _Pool(asyncio.Semaphore(self.receiver.max_conns_per_sender))
+        pool.sending += 1
+        try:
+            return await self._send_pooled(pool, peer_id, address, header, payload)
+        finally:
+            pool.sending -= 1
+
+    def sweep(self) -> int:
+        """Close the idle connections too old to reuse (or closed by the other end) and forget the
+        pools left with nothing in them; returns how many connections were closed."""
+        self._swept_at = now = time.monotonic()
+        closed = 0
+        for peer_id, pool in list(self._pools.items()):
+            keep = []
+            for conn in pool.idle:
+                if now - conn.used_at >= IDLE_S / 2 or conn.writer.is_closing() or conn.reader.at_eof():
+                    conn.close()
+                    closed += 1
+                else:
+                    keep.append(conn)
+            pool.idle[:] = keep
+            if not pool.idle and not pool.sending:
+                del self._pools[peer_id]
+        return closed
+
+    async def _send_pooled(
+        self, pool: _Pool, peer_id: str, address: str, header: bytes, payload: bytes
+    ) -> bool:
         failures = (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError)
         async with pool.limit:
             while pool.idle:

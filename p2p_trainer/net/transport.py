@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -204,6 +205,43 @@ class Mailbox:
             self._drop(next(iter(self._entries)))
 
 
+class DirectBackoff:
+    """When to try a peer's direct address again after it could not be reached there.
+
+    A peer behind NAT stays undiallable: each failure at an address doubles its wait, from
+    `RELAYED_FOR_S` up to `DIRECT_BACKOFF_MAX_S`, so retries cost a connect timeout rarely; a
+    success forgets the address's failures. Keyed by (peer, address), so a peer that restarts on a
+    new port is dialled there at once rather than after its old address's wait. At most
+    `MAX_ENTRIES` addresses are remembered: waits long over are forgotten first."""
+
+    MAX_ENTRIES = 4096
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failures: dict[tuple[str, str], int] = {}
+        self._until: dict[tuple[str, str], float] = {}
+
+    def waiting(self, peer_id: str, address: str) -> bool:
+        return self._until.get((peer_id, address), -math.inf) > self._clock()
+
+    def failed(self, peer_id: str, address: str) -> float:
+        """Count a failure at `address`; returns how long it is now left alone."""
+        key, now = (peer_id, address), self._clock()
+        if key not in self._until and len(self._until) >= self.MAX_ENTRIES:
+            for old in [k for k, until in self._until.items() if until + DIRECT_BACKOFF_MAX_S < now]:
+                self.succeeded(*old)
+            if len(self._until) >= self.MAX_ENTRIES:  # all recent: the oldest wait goes
+                self.succeeded(*min(self._until, key=self._until.__getitem__))
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        wait_s = min(DIRECT_BACKOFF_MAX_S, RELAYED_FOR_S * 2 ** (failures - 1))
+        self._until[key] = now + wait_s
+        return wait_s
+
+    def succeeded(self, peer_id: str, address: str) -> None:
+        self._failures.pop((peer_id, address), None)
+        self._until.pop((peer_id, address), None)
+
+
 class Transport:
     """A peer's messaging endpoint on the DHT's p2p daemon."""
 
@@ -246,8 +284,7 @@ class Transport:
         """The direct data plane, once `start_direct` ran."""
         self.direct_address: Callable[[str], str | None] = lambda _: None
         """A peer's `data_address` from its heartbeat, or None (the swarm view, once wired)."""
-        self._direct_down_until: dict[str, float] = {}
-        self._direct_failures: dict[str, int] = {}
+        self._direct_backoff = DirectBackoff()
         self.direct_sent = 0
         """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
@@ -323,18 +360,15 @@ class Transport:
         """Whether the message went over the direct data plane; False: use p2pd for it."""
         assert self.direct is not None
         address = self.direct_address(peer_id)
-        if address is None or self._direct_down_until.get(peer_id, 0.0) > time.monotonic():
+        if address is None or self._direct_backoff.waiting(peer_id, address):
             return False
         try:
             taken = await self.direct.send(peer_id, address, encode_header(header), payload)
         except DirectError as exc:
-            # a peer behind NAT stays undiallable: back off so each retry costs a connect timeout rarely
-            failures = self._direct_failures[peer_id] = self._direct_failures.get(peer_id, 0) + 1
-            wait_s = min(DIRECT_BACKOFF_MAX_S, RELAYED_FOR_S * 2 ** (failures - 1))
+            wait_s = self._direct_backoff.failed(peer_id, address)
             logger.debug("no direct connection to %s (%s): p2pd for %.0f s", peer_id[-8:], exc, wait_s)
-            self._direct_down_until[peer_id] = time.monotonic() + wait_s
             return False
-        self._direct_failures.pop(peer_id, None)
+        self._direct_backoff.succeeded(peer_id, address)
         if not taken:
             logger.debug("%s closed a direct message unread (this peer is not in its view)", peer_id[-8:])
         self._sent(peer_id, payload)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,6 +17,7 @@ from p2p_trainer.net.channel import Ephemeral
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver, check_address, format_address
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RecordError
+from p2p_trainer.net.transport import DIRECT_BACKOFF_MAX_S, RELAYED_FOR_S, DirectBackoff
 
 
 class Inbox:
@@ -260,3 +262,74 @@ def test_a_byte_changed_on_the_path_is_not_merged_and_nothing_is_readable() -> N
         await b.close()
 
     run(go)
+
+
+def test_a_sweep_closes_stale_idle_connections_and_forgets_peers_no_longer_sent_to() -> None:
+    async def go() -> None:
+        a = plane(Inbox())
+        b, c = plane(Inbox()), plane(Inbox())
+        port_b, port_c = await b.listen("127.0.0.1"), await c.listen("127.0.0.1")
+        assert await a.send(b.peer_id, f"127.0.0.1:{port_b}", b"h", b"x")
+        assert await a.send(c.peer_id, f"127.0.0.1:{port_c}", b"h", b"x")
+        old = a._pools[b.peer_id].idle[0]
+        old.used_at -= direct.IDLE_S  # b left long ago: its connection is too old to reuse
+        assert a.sweep() == 1
+        assert old.writer.is_closing()
+        assert b.peer_id not in a._pools and len(a._pools[c.peer_id].idle) == 1
+        # sends sweep by themselves, at most every SWEEP_S
+        a._pools[c.peer_id].idle[0].used_at -= direct.IDLE_S
+        a._swept_at -= direct.SWEEP_S
+        assert await a.send(b.peer_id, f"127.0.0.1:{port_b}", b"h", b"y")
+        assert c.peer_id not in a._pools and len(a._pools[b.peer_id].idle) == 1
+        for p in (a, b, c):
+            await p.close()
+
+    run(go)
+
+
+def test_a_pool_in_use_is_not_dropped_by_a_sweep() -> None:
+    async def go() -> None:
+        a, b = plane(Inbox()), plane(Inbox())
+        slow = asyncio.Event()
+
+        async def admit_later(_sender: str) -> bool:
+            await slow.wait()
+            return True
+
+        b.receiver = dataclasses.replace(b.receiver, admit=admit_later)
+        port = await b.listen("127.0.0.1")
+        sending = asyncio.create_task(a.send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x"))
+        await asyncio.sleep(0.2)  # in its handshake: the pool holds no idle connection yet
+        a.sweep()
+        assert b.peer_id in a._pools
+        slow.set()
+        assert await sending
+        assert len(a._pools[b.peer_id].idle) == 1  # the connection went back to the same pool
+        await a.close()
+        await b.close()
+
+    run(go)
+
+
+def test_the_direct_backoff_doubles_per_address_and_a_new_address_is_tried_at_once() -> None:
+    now = [1000.0]
+    backoff = DirectBackoff(clock=lambda: now[0])
+    waits = [backoff.failed("peer", "10.0.0.1:5000") for _ in range(7)]
+    assert waits == [RELAYED_FOR_S * 2**i for i in range(5)] + [DIRECT_BACKOFF_MAX_S] * 2
+    assert backoff.waiting("peer", "10.0.0.1:5000")
+    # the same peer, restarted on another port: no wait there
+    assert not backoff.waiting("peer", "10.0.0.1:6000")
+    now[0] += DIRECT_BACKOFF_MAX_S + 1
+    assert not backoff.waiting("peer", "10.0.0.1:5000")
+    backoff.succeeded("peer", "10.0.0.1:5000")
+    assert backoff.failed("peer", "10.0.0.1:5000") == RELAYED_FOR_S  # a success forgot the failures
+
+
+def test_the_direct_backoff_remembers_a_bounded_number_of_addresses() -> None:
+    now = [0.0]
+    backoff = DirectBackoff(clock=lambda: now[0])
+    for i in range(DirectBackoff.MAX_ENTRIES + 100):  # a peer announcing a new address each time
+        now[0] += 1.0
+        backoff.failed("liar", f"10.0.0.1:{i}")
+    assert len(backoff._until) <= DirectBackoff.MAX_ENTRIES
+    assert backoff.waiting("liar", f"10.0.0.1:{DirectBackoff.MAX_ENTRIES + 99}")  # the newest stays

@@ -134,6 +134,7 @@ def bare_worker(config: Path, key: str, seconds: float, result: Path) -> None:
 
     torch.set_num_threads(threads_per_worker())
     cfg = load_config(str(config))
+    torch.set_flush_denormal(cfg.inner.flush_denormal)  # as the peer's training thread
     bare = BareLoop(cfg, check_corpus(cfg), key)
     steps, t0, end, loss = 0, 0.0, time.monotonic() + seconds, torch.zeros(())
     while time.monotonic() < end or steps <= WARMUP_STEPS:

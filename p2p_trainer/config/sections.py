@@ -220,6 +220,12 @@ class InnerConfig:
     weights saved and exchanged are the original module's."""
     eval_every: int = 50
     """Validation loss every this many inner steps; 0 = only at the end."""
+    flush_denormal: bool = True
+    """On the CPU, the training thread flushes subnormal floats (below 1.2e-38 in float32) to zero
+    (`torch.set_flush_denormal`): the CPU computes with them tens of times slower than with normal
+    numbers, and a DiLoCo peer's trajectory produced them in a Llama's passes, so that its inner
+    steps were 40 % slower after 150 steps than a bare loop's (bench/RESULTS.md). Their values are
+    too small to change a step. No effect on a GPU."""
 
     def __post_init__(self) -> None:
         check_fields(self, "inner")

@@ -84,6 +84,8 @@ class Peer:
         (fault point "inner")."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.faults = faults
+        if self.device.type == "cpu" and cfg.inner.flush_denormal:
+            torch.set_flush_denormal(True)  # this thread's, the one that trains (InnerConfig)
         if workload is None:
             if corpus is None:
                 raise ValueError("a Peer needs a corpus or a workload")

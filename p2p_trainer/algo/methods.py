@@ -293,9 +293,10 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         self._diverged = False
         self._agreed = False
         """The last round's exchange showed every member with this peer's φ and m (then equal)."""
-        self._digest: concurrent.futures.Future[bytes] | None = None
-        self._hashed: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        """The (φ, m) lists `_digest` describes: a state adopted since (a rejoin) is not vouched for."""
+        self._digest: tuple[concurrent.futures.Future[bytes], list[torch.Tensor], list[torch.Tensor]] | None
+        self._digest = None
+        """The digest being taken this round, and the (φ, m) lists it describes: a state adopted
+        since (a rejoin) is not vouched for."""
         self._hasher: concurrent.futures.ThreadPoolExecutor | None = None
 
     def begin_round(self, state: OuterState, weight: float) -> None:
@@ -315,8 +316,8 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
             # φ and m stay as they are until end_round: hashed behind the inner steps
             if self._hasher is None:
                 self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="digest")
-            self._digest = self._hasher.submit(state_digest, state.round, both)
-            self._hashed = (state.anchor, state.momentum)
+            hashing = self._hasher.submit(state_digest, state.round, both)
+            self._digest = (hashing, state.anchor, state.momentum)
 
     def _mixed_state(
         self, state: OuterState, report: RoundReport
@@ -336,9 +337,8 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
     ) -> None:
         delta = outer.pseudo_grad(state.anchor, [p.detach().float() for p in params])
         digest = b""
-        hashed = self._hashed
-        if self._digest is not None and hashed and hashed[0] is state.anchor and hashed[1] is state.momentum:
-            digest = self._digest.result()
+        if self._digest is not None and self._digest[1] is state.anchor and self._digest[2] is state.momentum:
+            digest = self._digest[0].result()
         res = self._average(delta, "outer", state.round, ALL, weight, report, state_digest=digest)
         mean_delta = res.tensors if isinstance(res, Ok) else delta
         reagreed = self._reagree is not None

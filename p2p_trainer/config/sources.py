@@ -225,15 +225,10 @@ def effective_config(
 ) -> EffectiveConfig:
     """The run in TOML file `path` (None: the packaged default run), the config fields set in
     `environ` on top (None: none) and the flags on top of those; with the source of each field."""
-    shipped = Source("default", "(default.toml)")
-    if path is None:
-        raw = tomllib.loads(default_config_text())
-        sources = {dotted(key): shipped for key in _keys_in(raw)}
-    else:
-        in_file = read_toml(path)
-        raw, from_default = over_default_run(in_file)
-        sources = {dotted(key): Source("file", str(path)) for key in _keys_in(in_file)}
-        sources.update({dotted(key): shipped for key in from_default})
+    in_file = {} if path is None else read_toml(path)
+    raw, from_default = over_default_run(in_file)
+    sources = {dotted(key): Source("file", str(path)) for key in _keys_in(in_file)}
+    sources.update({dotted(key): Source("default", "(default.toml)") for key in from_default})
     overridden: dict[Key, Source] = {}
     env = read_environment(environ) if environ is not None else {}
     flags: dict[Key, tuple[object, str]] = {

@@ -23,8 +23,9 @@ Bounds, since anyone who can reach the port may connect: at most `MAX_HANDSHAKES
 in their handshake at once, each given `HANDSHAKE_TIMEOUT_S`; per authenticated sender at most
 `max_conns_per_sender` connections (further ones are refused in the handshake); an idle
 connection closes after `IDLE_S`. The dialler's own idle connections are swept on its sends, every
-`SWEEP_S` at most, so connections to peers that left are not held for the rest of the run. Each message then passes the transport's own checks (live view,
-mailbox quota, read timeout, size limits).
+`SWEEP_S` at most, so connections to peers that left are not held for the rest of the run. Each
+message then passes the transport's own checks (live view, mailbox quota, read timeout, size
+limits).
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ class _Conn:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()
+
+    def reusable(self, now: float) -> bool:
+        """Idle for less than half the listener's `IDLE_S`, and not closed by either end."""
+        return now - self.used_at < IDLE_S / 2 and not self.writer.is_closing() and not self.reader.at_eof()
 
 
 @dataclass
@@ -371,11 +376,11 @@ class DirectPlane:
         for peer_id, pool in list(self._pools.items()):
             keep = []
             for conn in pool.idle:
-                if now - conn.used_at >= IDLE_S / 2 or conn.writer.is_closing() or conn.reader.at_eof():
+                if conn.reusable(now):
+                    keep.append(conn)
+                else:
                     conn.close()
                     closed += 1
-                else:
-                    keep.append(conn)
             pool.idle[:] = keep
             if not pool.idle and not pool.sending:
                 del self._pools[peer_id]
@@ -388,8 +393,7 @@ class DirectPlane:
         async with pool.limit:
             while pool.idle:
                 conn = pool.idle.pop()
-                fresh = time.monotonic() - conn.used_at < IDLE_S / 2
-                if fresh and not conn.writer.is_closing() and not conn.reader.at_eof():
+                if conn.reusable(time.monotonic()):
                     try:
                         return await self._send_on(pool, conn, header, payload)
                     except failures:

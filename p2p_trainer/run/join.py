@@ -470,7 +470,7 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
     if agreement is None:
         val_loss = _evaluate(peer, peer.state.anchor)
     elif agreement.merged and not kept_own:
-        val_loss = mean_loss if mean_loss is not None else _evaluate(peer, peer.state.anchor)
+        val_loss = mean_loss  # None only without validation batches, as `_evaluate` would say
     else:
         val_loss = own_loss
     record = FinalRecord(

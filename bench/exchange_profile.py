@@ -66,6 +66,7 @@ def member(args: argparse.Namespace) -> int:
     import torch
     from hivemind.utils import get_dht_time
 
+    from p2p_trainer.exchange.interface import Ok
     from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
     from p2p_trainer.net.direct import format_address
     from p2p_trainer.net.envelope import Signer
@@ -120,6 +121,8 @@ def member(args: argparse.Namespace) -> int:
         row = {"round": k, "late_start_s": began - start_at, "elapsed_s": res.elapsed_s}
         row.update({"ok": res.group_size == args.n} if hasattr(res, "group_size") else {"ok": False})
         row["step_s"] = statistics.median(steps[-20:]) if steps else None
+        # phase 1 (until the last contribution to this member's part) and phase 2 (its results)
+        row.update({"quorum_s": res.quorum_s, "sync_s": res.sync_s} if isinstance(res, Ok) else {})
         print(json.dumps(row), flush=True)
     stop.set()
     # this member has every result, but its own last results may still be on their way to the

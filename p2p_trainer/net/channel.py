@@ -4,12 +4,20 @@ The signed handshake proves who holds each identity key; this makes everything a
 to that handshake. Each side adds a fresh X25519 public key to its hello, inside what it signs,
 so the Diffie-Hellman secret is known only to the two key holders. From it and both nonces come
 one key per direction (BLAKE2b, keyed), and every frame after the handshake is sealed with
-ChaCha20-Poly1305 under the next counter of its direction. Someone on the path can then neither
+AES-256-GCM under the next counter of its direction. Someone on the path can then neither
 read, change, reorder, replay nor insert a frame: any of these fails the receiver's tag check,
 which closes the connection. p2pd's streams gave the same through libp2p's secure channel.
+
+Why AES-256-GCM (OpenSSL, through `cryptography`) and not libsodium's ChaCha20-Poly1305: every
+byte of an exchange is sealed once and opened once, so the cipher's speed is the plane's. On this
+project's machines (AES instructions) it seals about 10 GB/s against 1.5 GB/s, and sealing was
+half the CPU of a loopback exchange. Each nonce is its frame's 96-bit counter, and each key serves
+one direction of one connection, so no nonce repeats under a key: all GCM needs.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import nacl.bindings
 import nacl.encoding
@@ -17,6 +25,8 @@ import nacl.exceptions
 import nacl.hash
 import nacl.public
 import nacl.utils
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 KEY_BYTES = 32
 TAG_BYTES = 16
@@ -46,7 +56,7 @@ class Sealer:
     """One direction's frames: sealed (or opened) in order, each under the next counter."""
 
     def __init__(self, key: bytes) -> None:
-        self._key = key
+        self._aead = AESGCM(key)
         self._counter = 0
 
     def _nonce(self) -> bytes:
@@ -55,18 +65,20 @@ class Sealer:
         return nonce
 
     def seal(self, data: bytes) -> bytes:
-        return bytes(
-            nacl.bindings.crypto_aead_chacha20poly1305_ietf_encrypt(data, None, self._nonce(), self._key)
-        )
+        return self._aead.encrypt(self._nonce(), data, None)
+
+    def seal_framed(self, data: bytes, length_bytes: int, byteorder: Literal["big", "little"]) -> bytearray:
+        """The sealed frame behind its length, sealed in place: a part is megabytes, and joining
+        a length to a sealed copy of it would copy it once more."""
+        frame = bytearray(length_bytes + len(data) + TAG_BYTES)
+        frame[:length_bytes] = (len(data) + TAG_BYTES).to_bytes(length_bytes, byteorder)
+        self._aead.encrypt_into(self._nonce(), data, None, memoryview(frame)[length_bytes:])
+        return frame
 
     def open(self, sealed: bytes) -> bytes:
         try:
-            return bytes(
-                nacl.bindings.crypto_aead_chacha20poly1305_ietf_decrypt(
-                    sealed, None, self._nonce(), self._key
-                )
-            )
-        except nacl.exceptions.CryptoError:
+            return self._aead.decrypt(self._nonce(), sealed, None)
+        except InvalidTag:
             raise ValueError("a frame failed its authentication tag") from None
 
 

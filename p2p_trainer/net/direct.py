@@ -54,7 +54,9 @@ LENGTH_BYTES = 8
 BYTEORDER: Literal["big"] = "big"
 MAX_HELLO_BYTES = 512
 NONCE_BYTES = 32
-DOMAIN = b"p2p-trainer/direct/1"
+DOMAIN = b"p2p-trainer/direct/2"
+"""Signed in every handshake: a peer that seals its frames another way (an older version) fails
+the handshake and is sent to through p2pd."""
 MAX_HANDSHAKES = 64
 HANDSHAKE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 3.0
@@ -409,8 +411,8 @@ class DirectPlane:
         # the ack comes once the whole payload is in: allow 1 Mbit/s at least, and 10 s more
         ack_timeout_s = 10.0 + len(payload) / 125_000
         try:
-            conn.writer.write(_frame(conn.out.seal(header)))
-            conn.writer.write(_frame(conn.out.seal(payload)))
+            conn.writer.write(conn.out.seal_framed(header, LENGTH_BYTES, BYTEORDER))
+            conn.writer.write(conn.out.seal_framed(payload, LENGTH_BYTES, BYTEORDER))
             await conn.writer.drain()
             ack = conn.inn.open(await asyncio.wait_for(read_frame(conn.reader, 64), ack_timeout_s))
         except BaseException:

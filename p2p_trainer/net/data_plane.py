@@ -21,14 +21,29 @@ def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
 
 def data_host(host: str, announce_host: str | None, visible_maddrs: list[str]) -> str | None:
     """The IP other peers should dial: the announced one, else the one listened on, else (listening
-    on every interface) the first address p2pd sees itself at, preferring one not on loopback."""
+    on every interface) the first address p2pd sees itself at that the listener can answer on,
+    preferring one not on loopback.
+
+    Listening on 0.0.0.0 takes IPv4 only, so an IPv6 address is never announced for it; link-local
+    addresses (169.254/16, fe80::/10) are left out, as they mean nothing off the local link and an
+    IPv6 one cannot even be dialled without its interface."""
     for candidate in (announce_host, host):
         ip = _ip(candidate)
         if ip is not None and not ip.is_unspecified:
             return str(ip)
+    listen = _ip(host)
+    families = {4} if listen is not None and listen.version == 4 else {4, 6}
     # a multiaddr reads /ip4/<address>/tcp/<port>/...: the address is the third part
     parts = [maddr.split("/") for maddr in visible_maddrs]
-    seen = [ip for p in parts if len(p) > 2 and (ip := _ip(p[2])) is not None and not ip.is_unspecified]
+    seen = [
+        ip
+        for p in parts
+        if len(p) > 2
+        and (ip := _ip(p[2])) is not None
+        and not ip.is_unspecified
+        and not ip.is_link_local
+        and ip.version in families
+    ]
     seen.sort(key=lambda ip: ip.is_loopback)
     return str(seen[0]) if seen else None
 

@@ -20,8 +20,10 @@ resolve). A peer without one (an older version, `network.data_plane = "p2pd"`) o
 does not answer (behind NAT, a firewall) is sent to through p2pd as before, which also tries relays.
 
 Bounds, since anyone who can reach the port may connect: at most `MAX_HANDSHAKES` connections
-in their handshake at once, each given `HANDSHAKE_TIMEOUT_S`; per authenticated sender at most
-`max_conns_per_sender` connections (further ones are refused in the handshake); an idle
+in their handshake at once, and `MAX_HANDSHAKES_PER_IP` from one address (so one host cannot hold
+every slot and keep the others' peers out), each given `HANDSHAKE_TIMEOUT_S`; per authenticated
+sender at most `max_conns_per_sender` connections (further ones are refused in the handshake,
+saying why: the dialler logs "not admitted" apart from "too many connections"); an idle
 connection closes after `IDLE_S`. The dialler's own idle connections are swept on its sends, every
 `SWEEP_S` at most, so connections to peers that left are not held for the rest of the run. Each
 message then passes the transport's own checks (live view, mailbox quota, read timeout, size
@@ -58,6 +60,10 @@ DOMAIN = b"p2p-trainer/direct/2"
 """Signed in every handshake: a peer that seals its frames another way (an older version) fails
 the handshake and is sent to through p2pd."""
 MAX_HANDSHAKES = 64
+MAX_HANDSHAKES_PER_IP = 16
+LOOPBACK_EXEMPT = True
+"""Whether `MAX_HANDSHAKES_PER_IP` spares loopback: every peer of a local swarm dials from
+127.0.0.1, all at once when the first exchange starts."""
 HANDSHAKE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 3.0
 IDLE_S = 120.0
@@ -67,7 +73,14 @@ SWEEP_S = 30.0
 """How often (at most, on a send) the dialler closes idle connections too old to reuse and drops
 the pools of peers it no longer sends to (peers that left), which nothing else would look at."""
 MAX_ADDRESS_CHARS = 64
-ACCEPTED, REFUSED = b"\x01", b"\x00"
+ACCEPTED, REFUSED, BUSY = b"\x01", b"\x00", b"\x02"
+"""The handshake's verdict: taken; refused (not admitted); refused (this sender already holds
+its `max_conns_per_sender` connections). After the handshake, a sealed ACCEPTED or REFUSED
+acknowledges each message."""
+_REFUSALS = {
+    REFUSED: "refused a direct connection (not admitted: not in its live view, or not allowed in)",
+    BUSY: "refused a direct connection (it already holds its limit of connections from this peer)",
+}
 
 
 class DirectError(ConnectionError):
@@ -104,6 +117,19 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     if size > max_bytes:
         raise ValueError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
     return await reader.readexactly(size)
+
+
+def _peer_ip(writer: asyncio.StreamWriter) -> str:
+    """The address a connection comes from; "" where it is not bounded per address (loopback, or
+    unknown)."""
+    peer = writer.get_extra_info("peername")
+    try:
+        ip = ipaddress.ip_address(peer[0])
+    except (TypeError, IndexError, ValueError):
+        return ""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return "" if ip.is_loopback and LOOPBACK_EXEMPT else str(ip)
 
 
 def _signed_part(
@@ -202,6 +228,7 @@ class DirectPlane:
         self._server: asyncio.Server | None = None
         self._pools: dict[str, _Pool] = {}
         self._handshaking = 0
+        self._handshaking_from: dict[str, int] = {}
         self._by_sender: dict[str, int] = {}
         self._serving: set[asyncio.Task[None]] = set()
         self._swept_at = time.monotonic()
@@ -218,15 +245,25 @@ class DirectPlane:
         if task is not None:
             self._serving.add(task)
         sender = None
+        ip = _peer_ip(writer)
         try:
-            if self._handshaking >= MAX_HANDSHAKES:
+            if (
+                self._handshaking >= MAX_HANDSHAKES
+                or self._handshaking_from.get(ip, 0) >= MAX_HANDSHAKES_PER_IP
+            ):
                 self.refused += 1
                 return
             self._handshaking += 1
+            if ip:
+                self._handshaking_from[ip] = self._handshaking_from.get(ip, 0) + 1
             try:
                 accepted = await asyncio.wait_for(self._accept(reader, writer), HANDSHAKE_TIMEOUT_S)
             finally:
                 self._handshaking -= 1
+                if ip:
+                    self._handshaking_from[ip] -= 1
+                    if not self._handshaking_from[ip]:
+                        del self._handshaking_from[ip]
             if accepted is None:
                 return
             sender, out, inn = accepted
@@ -271,8 +308,9 @@ class DirectPlane:
         held = self._by_sender.get(sender, 0)
         self._by_sender[sender] = held + 1
         try:
-            taken = held < self.receiver.max_conns_per_sender and await self.receiver.admit(sender)
-            writer.write(ACCEPTED if taken else REFUSED)
+            busy = held >= self.receiver.max_conns_per_sender
+            taken = not busy and await self.receiver.admit(sender)
+            writer.write(ACCEPTED if taken else BUSY if busy else REFUSED)
             await writer.drain()
         except BaseException:
             self._release(sender)
@@ -350,7 +388,7 @@ class DirectPlane:
             raise
         if verdict != ACCEPTED:
             writer.close()
-            raise DirectError(f"{peer_id[-8:]} refused a direct connection")
+            raise DirectError(f"{peer_id[-8:]} {_REFUSALS.get(verdict, 'refused a direct connection')}")
         return _Conn(reader, writer, *session(shared, nonce, their_nonce, dialler=True))
 
     async def send(self, peer_id: str, address: str, header: bytes, payload: bytes) -> bool:

@@ -549,6 +549,9 @@ class Transport:
     def close(self) -> None:
         if self.direct_sent:
             logger.info("over the direct data plane: %d messages sent", self.direct_sent)
+        direct_refused = self.direct.refused if self.direct is not None else 0
+        if self.refused or direct_refused:
+            logger.info("refused %d message streams and %d direct connections", self.refused, direct_refused)
         if self.relayed_sent or self.relayed_received:
             logger.info(
                 "through relays: %d messages sent, %d received", self.relayed_sent, self.relayed_received

@@ -272,7 +272,7 @@ def start(
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
     if opts.monitor is not None:
-        opts.monitor.watch(node, view)
+        opts.monitor.watch(node, view, transport)
     peer = Peer(
         cfg,
         exchange,

@@ -9,9 +9,12 @@ starts with `p2pt_`; counters end in `_total`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from p2p_trainer import __version__
 from p2p_trainer.net.node_metrics import PREFIX, MetricsServer, SampledGauge, new_registry, rejected_records
@@ -21,6 +24,7 @@ from p2p_trainer.run.round_lines import exchange_outcome, tokens_per_s, utilisat
 if TYPE_CHECKING:
     from p2p_trainer.net.dht import NetNode
     from p2p_trainer.net.swarm_view import SwarmView
+    from p2p_trainer.net.transport import Transport
 
 EXCHANGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Seconds: a loopback exchange of a tiny model takes tens of ms, a WAN one of a real model minutes."""
@@ -44,6 +48,7 @@ PEER_METRICS = (
     "p2pt_rejoins_total",
     "p2pt_live_peers",
     "p2pt_records_rejected_total",
+    "p2pt_refused_total",
 )
 """Every metric a peer's endpoint serves (the histogram as its `_bucket`, `_sum` and `_count`)."""
 
@@ -91,13 +96,16 @@ class PeerMetrics:
         )
         self.server = MetricsServer(r, host, port, flag)
 
-    def watch(self, node: NetNode, view: SwarmView) -> None:
-        """Report the live peers (as the exchanges see them) and the records rejected from now on."""
+    def watch(self, node: NetNode, view: SwarmView, transport: Transport | None = None) -> None:
+        """Report the live peers (as the exchanges see them), the records rejected and the
+        connections refused from now on."""
         self._labels["peer_id"] = node.peer_id
         self._info.info(self._labels)
         live = "Peers in this peer's live view (itself included), whom its exchanges group"
         self.registry.register(SampledGauge("live_peers", live, lambda: len(view.live_peers())))
         self.registry.register(rejected_records(node))
+        if transport is not None:
+            self.registry.register(RefusedConnections(transport))
 
     def observe(self, record: LogRecord) -> None:
         if isinstance(record, RoundRecord):
@@ -133,3 +141,27 @@ class PeerMetrics:
 
     def close(self) -> None:
         self.server.close()
+
+
+class RefusedConnections(Collector):
+    """`p2pt_refused_total{route}`: what this peer's transport closed before delivering anything.
+    `p2pd`: message streams closed unread (the sender out of the live view, or over its bound of
+    open streams) or not whole within the read timeout; `direct`: direct-plane connections refused
+    in their handshake (failed, timed out, too many at once, or the sender not admitted). Both
+    rise under a flood; either rising in a quiet swarm means peers disagree about who is in it."""
+
+    NAME = f"{PREFIX}refused"
+    HELP = "Streams and direct connections this peer refused before delivering anything, by route"
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.NAME, self.HELP, labels=["route"])
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=["route"])
+        family.add_metric(["p2pd"], self._transport.refused)
+        direct = self._transport.direct
+        family.add_metric(["direct"], direct.refused if direct is not None else 0)
+        yield family

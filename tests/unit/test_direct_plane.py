@@ -14,6 +14,7 @@ import pytest
 
 from p2p_trainer.net import direct
 from p2p_trainer.net.channel import Ephemeral
+from p2p_trainer.net.data_plane import data_host
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver, check_address, format_address
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RecordError
@@ -153,6 +154,55 @@ def test_connections_per_sender_and_unauthenticated_ones_are_bounded(monkeypatch
             assert await asyncio.wait_for(reader.read(1), 2.0) == b""
         for _, writer in silent:
             writer.close()
+        await a.close()
+        await b.close()
+
+    run(go)
+
+
+def test_one_address_cannot_hold_every_handshake_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "MAX_HANDSHAKES", 6)
+    monkeypatch.setattr(direct, "MAX_HANDSHAKES_PER_IP", 3)
+    monkeypatch.setattr(direct, "HANDSHAKE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(direct, "LOOPBACK_EXEMPT", False)  # the test's only address is loopback
+
+    async def go() -> None:
+        b_in = Inbox()
+        b = plane(b_in)
+        port = await b.listen("127.0.0.1")
+        # 3 silent connections from one address wait in the handshake; the 4th is closed at once
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        assert await asyncio.wait_for(silent[3][0].read(1), 0.5) == b""
+        assert b.refused == 1
+        # while they wait, the same address's further peers are refused, not queued
+        with pytest.raises(DirectError):
+            await plane(Inbox()).send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
+        for _, writer in silent:
+            writer.close()
+        await asyncio.sleep(1.2)  # their handshake time is up: the address's slots are free again
+        assert await plane(Inbox()).send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
+        assert len(b_in.got) == 1
+        await b.close()
+
+    run(go)
+
+
+def test_a_refused_dialler_is_told_why() -> None:
+    async def go() -> None:
+        b_in = Inbox()
+        b = plane(b_in, conns=1)
+        port = await b.listen("127.0.0.1")
+        a = plane(Inbox(), conns=2)
+        # two sends at once need two connections; the listener takes one per sender
+        outcomes = await asyncio.gather(
+            *(a.send(b.peer_id, f"127.0.0.1:{port}", b"h", os.urandom(800_000)) for _ in range(2)),
+            return_exceptions=True,
+        )
+        busy = [o for o in outcomes if isinstance(o, DirectError)]
+        assert len(busy) == 1 and "limit of connections" in str(busy[0])
+        b_in.admit_ok = False
+        with pytest.raises(DirectError, match="not admitted"):
+            await plane(Inbox()).send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
         await a.close()
         await b.close()
 
@@ -333,3 +383,25 @@ def test_the_direct_backoff_remembers_a_bounded_number_of_addresses() -> None:
         backoff.failed("liar", f"10.0.0.1:{i}")
     assert len(backoff._until) <= DirectBackoff.MAX_ENTRIES
     assert backoff.waiting("liar", f"10.0.0.1:{DirectBackoff.MAX_ENTRIES + 99}")  # the newest stays
+
+
+@pytest.mark.parametrize(
+    ("host", "announce", "maddrs", "expected"),
+    [
+        (
+            "0.0.0.0",
+            None,
+            ["/ip6/2001:db8::5/tcp/1", "/ip4/127.0.0.1/tcp/1", "/ip4/10.0.0.7/tcp/1"],
+            "10.0.0.7",
+        ),
+        ("0.0.0.0", None, ["/ip6/2001:db8::5/tcp/1"], None),  # an IPv4 listener cannot answer there
+        ("::", None, ["/ip6/fe80::1/tcp/1", "/ip6/2001:db8::5/tcp/1"], "2001:db8::5"),
+        ("0.0.0.0", None, ["/ip4/169.254.3.4/tcp/1", "/ip4/127.0.0.1/tcp/1"], "127.0.0.1"),
+        ("0.0.0.0", "203.0.113.9", ["/ip4/10.0.0.7/tcp/1"], "203.0.113.9"),
+        ("10.0.0.7", None, [], "10.0.0.7"),
+    ],
+)
+def test_the_announced_data_host_is_one_the_listener_answers_on(
+    host: str, announce: str | None, maddrs: list[str], expected: str | None
+) -> None:
+    assert data_host(host, announce, maddrs) == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import json
@@ -10,21 +11,25 @@ import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import nacl.signing
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2p_trainer.config import RunConfig
 from p2p_trainer.logs import CONTEXT, ContextFilter, formatter
 from p2p_trainer.net import records
-from p2p_trainer.net.envelope import REASONS
+from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver
+from p2p_trainer.net.envelope import REASONS, Signer
 from p2p_trainer.net.node_metrics import MetricsPortError, RejectedRecords
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.status_client import read_status
 from p2p_trainer.net.status_command import status_dict, status_table
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 from p2p_trainer.run.launcher import check_metrics_ports, local_options
-from p2p_trainer.run.peer_metrics import PEER_METRICS, PeerMetrics
+from p2p_trainer.run.peer_metrics import PEER_METRICS, PeerMetrics, RefusedConnections
 from p2p_trainer.run.round_lines import ObservedWriter, exchange_outcome, log_record
 from tests.unit.test_record_bounds import SIGNERS, FakeDHT
 
@@ -147,8 +152,11 @@ def test_peer_metrics_follow_the_records_and_serve_over_http(tmp_path: Path) -> 
         for s in family.samples
     }
     names = {name for name, _ in samples}
-    # all but the two that need a running node (`watch`) are there from the records alone
-    assert set(PEER_METRICS) - names - {"p2pt_exchange_duration_seconds"} == {"p2pt_live_peers"}
+    # all but those that need a running node (`watch`) are there from the records alone
+    assert set(PEER_METRICS) - names - {"p2pt_exchange_duration_seconds"} == {
+        "p2pt_live_peers",
+        "p2pt_refused_total",
+    }
     assert samples[("p2pt_rounds_total", ())] == 3 and samples[("p2pt_round", ())] == 3
     assert samples[("p2pt_tokens_total", ())] == 3 * 640 and samples[("p2pt_step", ())] == 15
     assert samples[("p2pt_utilisation", ())] == pytest.approx(0.75)
@@ -208,3 +216,31 @@ def test_status_shows_the_checked_heartbeats_only() -> None:
     assert json.loads(json.dumps(shown)) == shown
     table = status_table(status)
     assert table.row_count == 2 and "left" in str(table.caption)
+
+
+def test_refused_streams_and_direct_connections_are_counted_by_route() -> None:
+    async def refuse_one() -> DirectPlane:
+        listener = DirectPlane(Signer(nacl.signing.SigningKey.generate()), _refusing_receiver())
+        port = await listener.listen("127.0.0.1")
+        dialler = DirectPlane(Signer(nacl.signing.SigningKey.generate()), _refusing_receiver())
+        with pytest.raises(DirectError, match="not admitted"):
+            await dialler.send(listener.peer_id, f"127.0.0.1:{port}", b"h", b"x")
+        await dialler.close()
+        await listener.close()
+        return listener
+
+    listener = asyncio.run(asyncio.wait_for(refuse_one(), 30))
+    transport = SimpleNamespace(refused=3, direct=listener)  # the two counters a Transport keeps
+    registry = CollectorRegistry()
+    registry.register(RefusedConnections(transport))  # type: ignore[arg-type]
+    assert registry.get_sample_value("p2pt_refused_total", {"route": "p2pd"}) == 3
+    assert registry.get_sample_value("p2pt_refused_total", {"route": "direct"}) == 1
+    transport.direct = None  # the direct plane is off
+    assert registry.get_sample_value("p2pt_refused_total", {"route": "direct"}) == 0
+
+
+def _refusing_receiver() -> Receiver:
+    async def admit(_sender: str) -> bool:
+        return False
+
+    return Receiver(admit, lambda _s: False, lambda *_: None, 1024, 1024, 2.0, 2)

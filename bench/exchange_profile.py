@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import subprocess
 import sys
@@ -175,6 +176,11 @@ def _members(
     return rows
 
 
+def _median_of(rows: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else math.nan
+
+
 def _tcp_floor(tb: Any, n: int, nbytes: int) -> float:
     """Median over hosts of a plain TCP stream's time, all hosts sending at once (a ring)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -209,6 +215,10 @@ def main() -> int:
         "--data-planes", nargs="+", choices=["direct", "p2pd"], default=["direct", "p2pd"],
         help="Routes of the butterfly's messages to measure (net/direct.py, or p2pd streams).",
     )  # fmt: skip
+    p.add_argument(
+        "--conditions", dest="busy", nargs="+", type=lambda c: {"idle": False, "busy": True}[c],
+        default=[False, True], help="idle, busy or both (default).",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="Write the rows and summary here as JSON.")
     args = p.parse_args()
     if args.mode == "member":
@@ -232,7 +242,7 @@ def main() -> int:
         hosts = tuple(HostSpec(f"h{i}", args.rate_mbit, args.rate_mbit, args.cpu_cores) for i in range(n))
         with Testbed(TestbedConfig(hosts=hosts)) as tb:
             tcp_s = _tcp_floor(tb, n, int(nbytes))
-            for plane, busy in [(plane, busy) for plane in args.data_planes for busy in (False, True)]:
+            for plane, busy in [(plane, busy) for plane in args.data_planes for busy in args.busy]:
                 rows = _members(tb, n, busy, args.rounds, args.floats, period, plane)
                 # the first exchange also opens the members' connections: left out of the median
                 steady = [r for r in rows if r["round"] > 0 and r["ok"]]
@@ -246,12 +256,15 @@ def main() -> int:
                     "of": len([r for r in rows if r["round"] > 0]), "max_late_start_s": late,
                     "busy_step_s": step if busy else None, "first_exchange_s": statistics.median(
                         r["elapsed_s"] for r in rows if r["round"] == 0),
+                    # phase 1: until the last contribution to the member's own part; phase 2: its results
+                    "quorum_s": _median_of(steady, "quorum_s"), "sync_s": _median_of(steady, "sync_s"),
                 }  # fmt: skip
                 summary.append(s)
                 print(
                     f"{n} peers, {plane:>6}, {s['condition']:>4}: exchange {el:.2f} s = {s['vs_bound']:.2f} x bound "
                     f"({bound_s:.2f} s), {s['vs_tcp']:.2f} x plain TCP ({tcp_s:.2f} s = "
                     f"{s['tcp_vs_bound']:.2f} x bound); {s['ok']}/{s['of']} complete; first {s['first_exchange_s']:.2f} s"
+                    + f"; phase 1 {s['quorum_s']:.2f} s, phase 2 {s['sync_s']:.2f} s (medians)"
                     + (f"; busy step {step:.2f} s" if busy else ""),
                     flush=True,
                 )

@@ -179,7 +179,7 @@ def test_one_address_cannot_hold_every_handshake_slot(monkeypatch: pytest.Monkey
             await plane(Inbox()).send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
         for _, writer in silent:
             writer.close()
-        await asyncio.sleep(1.2)  # their handshake time is up: the address's slots are free again
+        await asyncio.sleep(1.2)  # closed, or their handshake time up: the slots are free again
         assert await plane(Inbox()).send(b.peer_id, f"127.0.0.1:{port}", b"h", b"x")
         assert len(b_in.got) == 1
         await b.close()

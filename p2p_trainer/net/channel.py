@@ -64,9 +64,6 @@ class Sealer:
         self._counter += 1
         return nonce
 
-    def seal(self, data: bytes) -> bytes:
-        return self._aead.encrypt(self._nonce(), data, None)
-
     def seal_framed(self, data: bytes, length_bytes: int, byteorder: Literal["big", "little"]) -> bytearray:
         """The sealed frame behind its length, sealed in place: a part is megabytes, and joining
         a length to a sealed copy of it would copy it once more."""

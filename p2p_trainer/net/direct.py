@@ -112,6 +112,10 @@ def _frame(data: bytes) -> bytes:
     return len(data).to_bytes(LENGTH_BYTES, BYTEORDER) + data
 
 
+def _sealed_frame(sealer: Sealer, data: bytes) -> bytearray:
+    return sealer.seal_framed(data, LENGTH_BYTES, BYTEORDER)
+
+
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     size = int.from_bytes(await reader.readexactly(LENGTH_BYTES), BYTEORDER)
     if size > max_bytes:
@@ -351,9 +355,9 @@ class DirectPlane:
             header, payload = await asyncio.wait_for(rest(), rx.read_timeout_s)
             if rx.accepts(sender):
                 rx.deliver(sender, header, payload)
-                writer.write(_frame(out.seal(ACCEPTED)))
+                writer.write(_sealed_frame(out, ACCEPTED))
             else:  # as a p2pd stream closed unread: the sender does not resend
-                writer.write(_frame(out.seal(REFUSED)))
+                writer.write(_sealed_frame(out, REFUSED))
             await writer.drain()
 
     # ----------------------------------------------------------------- dialling
@@ -449,8 +453,8 @@ class DirectPlane:
         # the ack comes once the whole payload is in: allow 1 Mbit/s at least, and 10 s more
         ack_timeout_s = 10.0 + len(payload) / 125_000
         try:
-            conn.writer.write(conn.out.seal_framed(header, LENGTH_BYTES, BYTEORDER))
-            conn.writer.write(conn.out.seal_framed(payload, LENGTH_BYTES, BYTEORDER))
+            conn.writer.write(_sealed_frame(conn.out, header))
+            conn.writer.write(_sealed_frame(conn.out, payload))
             await conn.writer.drain()
             ack = conn.inn.open(await asyncio.wait_for(read_frame(conn.reader, 64), ack_timeout_s))
         except BaseException:

@@ -541,6 +541,11 @@ class Transport:
             self._release(sender)
             writer.close()
 
+    @property
+    def direct_refused(self) -> int:
+        """Direct-plane connections refused in their handshake (0 with the plane off)."""
+        return self.direct.refused if self.direct is not None else 0
+
     def heard_within(self, seconds: float) -> set[str]:
         """Peers that sent this one a message, or took one from it, within the last `seconds`."""
         since = time.monotonic() - seconds
@@ -549,9 +554,10 @@ class Transport:
     def close(self) -> None:
         if self.direct_sent:
             logger.info("over the direct data plane: %d messages sent", self.direct_sent)
-        direct_refused = self.direct.refused if self.direct is not None else 0
-        if self.refused or direct_refused:
-            logger.info("refused %d message streams and %d direct connections", self.refused, direct_refused)
+        if self.refused or self.direct_refused:
+            logger.info(
+                "refused %d message streams and %d direct connections", self.refused, self.direct_refused
+            )
         if self.relayed_sent or self.relayed_received:
             logger.info(
                 "through relays: %d messages sent, %d received", self.relayed_sent, self.relayed_received

@@ -162,6 +162,5 @@ class RefusedConnections(Collector):
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.NAME, self.HELP, labels=["route"])
         family.add_metric(["p2pd"], self._transport.refused)
-        direct = self._transport.direct
-        family.add_metric(["direct"], direct.refused if direct is not None else 0)
+        family.add_metric(["direct"], self._transport.direct_refused)
         yield family

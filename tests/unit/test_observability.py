@@ -11,7 +11,6 @@ import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import nacl.signing
 import pytest
@@ -27,6 +26,7 @@ from p2p_trainer.net.node_metrics import MetricsPortError, RejectedRecords
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.status_client import read_status
 from p2p_trainer.net.status_command import status_dict, status_table
+from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 from p2p_trainer.run.launcher import check_metrics_ports, local_options
 from p2p_trainer.run.peer_metrics import PEER_METRICS, PeerMetrics, RefusedConnections
@@ -230,7 +230,15 @@ def test_refused_streams_and_direct_connections_are_counted_by_route() -> None:
         return listener
 
     listener = asyncio.run(asyncio.wait_for(refuse_one(), 30))
-    transport = SimpleNamespace(refused=3, direct=listener)  # the two counters a Transport keeps
+
+    class Counters:
+        """A Transport's two refusal counters, read as a Transport reads them (no p2pd needed)."""
+
+        refused = 3
+        direct: DirectPlane | None = listener
+        direct_refused = Transport.direct_refused
+
+    transport = Counters()
     registry = CollectorRegistry()
     registry.register(RefusedConnections(transport))  # type: ignore[arg-type]
     assert registry.get_sample_value("p2pt_refused_total", {"route": "p2pd"}) == 3

@@ -150,7 +150,7 @@ def payload_size(tag: str, n: int, block: int, k: int) -> int:
     return 4 * chunks + 3 * (full * min(k, block) + min(k, tail))
 
 
-def decode(header: dict[str, Any], payload: bytes, n: int) -> np.ndarray | str:
+def decode(header: dict[str, Any], payload: bytes | memoryview, n: int) -> np.ndarray | str:
     """The `n` float32 values a message carries, or why it is invalid: format, sizes, scales,
     indices and levels are all checked, and the values must be finite."""
     tag = header.get("dt", "f4")
@@ -222,7 +222,9 @@ def _blockwise_encode(v: np.ndarray, block: int, levels: int, nibbles: bool) -> 
     return scale.tobytes() + body, decoded
 
 
-def _blockwise_decode(payload: bytes, n: int, block: int, levels: int, nibbles: bool) -> np.ndarray | str:
+def _blockwise_decode(
+    payload: bytes | memoryview, n: int, block: int, levels: int, nibbles: bool
+) -> np.ndarray | str:
     chunks = math.ceil(n / block)
     scale = np.frombuffer(payload, dtype=np.float32, count=chunks)
     if not (np.isfinite(scale).all() and (scale >= 0).all()):
@@ -270,7 +272,7 @@ def _topk_encode(v: np.ndarray, block: int, k: int) -> tuple[bytes, np.ndarray]:
     return b"".join(p.tobytes() for p in parts), decoded
 
 
-def _topk_decode(payload: bytes, n: int, block: int, k: int) -> np.ndarray | str:
+def _topk_decode(payload: bytes | memoryview, n: int, block: int, k: int) -> np.ndarray | str:
     full, tail = divmod(n, block)
     chunks, kept = full + (1 if tail else 0), full * k + min(k, tail)
     scale = np.frombuffer(payload, dtype=np.float32, count=chunks)

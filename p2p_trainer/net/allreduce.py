@@ -243,12 +243,14 @@ async def _gather_results(
     group: GroupSpec,
     bounds: list[tuple[int, int]],
     out: np.ndarray,
+    own: np.ndarray,
     contributed: set[int],
     own_done: float,
     deadline: float,
     verdict: Verdict | None = None,
 ) -> tuple[list[int], set[str], int, int, set[str]]:
-    """Phase 2: write the other owners' averaged parts into `out` where they come back in time.
+    """Phase 2: write the other owners' averaged parts into `out` where they come back in time,
+    and this member's `own` values where they do not.
 
     Waits `grace_s + result_wait_s` for owners that contributed to this member's part, not at all
     for the others. Returns the contributor count of each part received (1 for a part kept as own
@@ -289,6 +291,9 @@ async def _gather_results(
             log("part %d of %s from %s %s; keeping own values", j, group.key, short[j], why)
             left_out.add(short[j])
             sizes.append(1)
+            if out is not own:
+                a, b = bounds[j]
+                out[a:b] = own[a:b]
             continue
         a, b = bounds[j]
         out[a:b] = got[0]
@@ -397,14 +402,14 @@ async def butterfly_average(
     own_done = time.monotonic()
 
     # parts that do not come back keep this member's own values (as sent); a codec's round trip
-    # in fresh memory is reused, one that may view the caller's values is copied
-    out = sent.copy() if np.may_share_memory(sent, data) else sent
+    # in fresh memory is reused, one that may view the caller's values is not written to
+    out = np.empty_like(sent) if np.may_share_memory(sent, data) else sent
     out[lo:hi] = mine
     # a rejected member is alive: its result is waited for (and checked) like a contributor's
     awaited = set(arrivals.values) | arrivals.rejected
     verify = checks.result if checks is not None else None
     sizes, left_out, late_parts, results_received, rejected = await _gather_results(
-        transport, group, bounds, out, awaited, own_done, deadline, verify
+        transport, group, bounds, out, sent, awaited, own_done, deadline, verify
     )
     sizes.append(len(included))
     left_out |= {short[j] for j in others if j not in arrivals.values}

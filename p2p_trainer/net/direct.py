@@ -45,9 +45,11 @@ from typing import Literal
 import msgpack
 import nacl.exceptions
 import nacl.signing
+import numpy as np
 
 from p2p_trainer.net.channel import TAG_BYTES, Ephemeral, Sealer, session
 from p2p_trainer.net.envelope import Signer
+from p2p_trainer.net.frames import FrameReader
 from p2p_trainer.net.identity import peer_id_from_public_key
 
 logger = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ def _frame(data: bytes) -> bytes:
     return len(data).to_bytes(LENGTH_BYTES, BYTEORDER) + data
 
 
-def _sealed_frame(sealer: Sealer, data: bytes) -> bytearray:
+def _sealed_frame(sealer: Sealer, data: bytes) -> memoryview:
     return sealer.seal_framed(data, LENGTH_BYTES, BYTEORDER)
 
 
@@ -123,10 +125,10 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     return await reader.readexactly(size)
 
 
-def _peer_ip(writer: asyncio.StreamWriter) -> str:
+def _peer_ip(conn: FrameReader) -> str:
     """The address a connection comes from; "" where it is not bounded per address (loopback, or
     unknown)."""
-    peer = writer.get_extra_info("peername")
+    peer = conn.peername()
     try:
         ip = ipaddress.ip_address(peer[0])
     except (TypeError, IndexError, ValueError):
@@ -212,7 +214,7 @@ class Receiver:
     """Whether a new connection from this sender is taken (the live view, with defences on)."""
     accepts: Callable[[str], bool]
     """Whether a message from this sender is taken now (it may have left the view since)."""
-    deliver: Callable[[str, bytes, bytes], None]
+    deliver: Callable[[str, bytes, bytes | memoryview], None]
     """Put (sender, header bytes, payload) in the mailbox; raises ValueError for a bad header."""
     max_header_bytes: int
     max_payload_bytes: int
@@ -241,15 +243,18 @@ class DirectPlane:
 
     # ----------------------------------------------------------------- listening
     async def listen(self, host: str, port: int = 0) -> int:
-        self._server = await asyncio.start_server(self._on_connection, host, port)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: FrameReader(LENGTH_BYTES, BYTEORDER, self._on_connection), host, port
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, conn: FrameReader) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._serving.add(task)
         sender = None
-        ip = _peer_ip(writer)
+        ip = _peer_ip(conn)
         try:
             if (
                 self._handshaking >= MAX_HANDSHAKES
@@ -261,7 +266,7 @@ class DirectPlane:
             if ip:
                 self._handshaking_from[ip] = self._handshaking_from.get(ip, 0) + 1
             try:
-                accepted = await asyncio.wait_for(self._accept(reader, writer), HANDSHAKE_TIMEOUT_S)
+                accepted = await asyncio.wait_for(self._accept(conn), HANDSHAKE_TIMEOUT_S)
             finally:
                 self._handshaking -= 1
                 if ip:
@@ -271,7 +276,7 @@ class DirectPlane:
             if accepted is None:
                 return
             sender, out, inn = accepted
-            await self._serve(sender, reader, writer, out, inn)
+            await self._serve(sender, conn, out, inn)
         except (ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
             self.refused += sender is None
             logger.debug("direct connection from %s closed: %s", (sender or "?")[-8:], exc)
@@ -280,26 +285,22 @@ class DirectPlane:
         finally:
             if sender is not None:
                 self._release(sender)
-            with contextlib.suppress(Exception):
-                writer.close()
+            conn.close()
             if task is not None:
                 self._serving.discard(task)
 
-    async def _accept(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[str, Sealer, Sealer] | None:
+    async def _accept(self, conn: FrameReader) -> tuple[str, Sealer, Sealer] | None:
         """The authenticated sender of a new connection (counted against its bound) and the
         connection's sealers; None if refused."""
-        raw = await read_frame(reader, MAX_HELLO_BYTES)
+        raw = bytes(await conn.request(MAX_HELLO_BYTES))
         their_key, their_nonce, their_x, _ = _hello(raw, need_signature=False)
         nonce, mine = os.urandom(NONCE_BYTES), Ephemeral()
         shared = mine.shared(their_x)
         sig = self._signer.sign(
             _signed_part(b"listener", their_nonce, nonce, their_key, their_x, mine.public)
         )
-        writer.write(_frame(msgpack.packb({"pk": self._public, "n": nonce, "x": mine.public, "s": sig})))
-        await writer.drain()
-        their_sig = _unpack_map(await read_frame(reader, MAX_HELLO_BYTES)).get("s")
+        conn.write(_frame(msgpack.packb({"pk": self._public, "n": nonce, "x": mine.public, "s": sig})))
+        their_sig = _unpack_map(bytes(await conn.request(MAX_HELLO_BYTES))).get("s")
         if not isinstance(their_sig, bytes):
             raise ValueError("handshake without the dialler's signature")
         _verify(
@@ -314,8 +315,7 @@ class DirectPlane:
         try:
             busy = held >= self.receiver.max_conns_per_sender
             taken = not busy and await self.receiver.admit(sender)
-            writer.write(ACCEPTED if taken else BUSY if busy else REFUSED)
-            await writer.drain()
+            conn.write(ACCEPTED if taken else BUSY if busy else REFUSED)
         except BaseException:
             self._release(sender)
             raise
@@ -330,35 +330,31 @@ class DirectPlane:
         if not self._by_sender[sender]:
             del self._by_sender[sender]
 
-    async def _serve(
-        self,
-        sender: str,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        out: Sealer,
-        inn: Sealer,
-    ) -> None:
+    async def _serve(self, sender: str, conn: FrameReader, out: Sealer, inn: Sealer) -> None:
         rx = self.receiver
         while True:
+            header_frame = conn.request(rx.max_header_bytes + TAG_BYTES)
+            assert conn.started is not None
             try:
-                first = await asyncio.wait_for(reader.readexactly(LENGTH_BYTES), IDLE_S)
-            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
-                return  # idle, or the dialler closed between messages: both are normal
-            size = int.from_bytes(first, BYTEORDER)
-            if size > rx.max_header_bytes + TAG_BYTES:
-                raise ValueError(f"header of {size} bytes exceeds {rx.max_header_bytes}")
+                await asyncio.wait_for(asyncio.shield(conn.started), IDLE_S)
+            except asyncio.TimeoutError:
+                return  # idle: closed (a dialler reuses a connection only well within IDLE_S)
 
-            async def rest(size: int = size) -> tuple[bytes, bytes]:
-                header = inn.open(await reader.readexactly(size))
-                return header, inn.open(await read_frame(reader, rx.max_payload_bytes + TAG_BYTES))
+            async def rest(
+                header_frame: asyncio.Future[np.ndarray] = header_frame,
+            ) -> tuple[bytes, memoryview]:
+                header = inn.open(bytes(await header_frame))
+                return header, inn.open_into(await conn.request(rx.max_payload_bytes + TAG_BYTES))
 
-            header, payload = await asyncio.wait_for(rest(), rx.read_timeout_s)
+            try:
+                header, payload = await asyncio.wait_for(rest(), rx.read_timeout_s)
+            except asyncio.IncompleteReadError:
+                return  # the dialler closed between frames (one cut off mid-frame is logged)
             if rx.accepts(sender):
                 rx.deliver(sender, header, payload)
-                writer.write(_sealed_frame(out, ACCEPTED))
+                conn.write(_sealed_frame(out, ACCEPTED))
             else:  # as a p2pd stream closed unread: the sender does not resend
-                writer.write(_sealed_frame(out, REFUSED))
-            await writer.drain()
+                conn.write(_sealed_frame(out, REFUSED))
 
     # ----------------------------------------------------------------- dialling
     async def _dial(self, peer_id: str, address: str) -> _Conn:

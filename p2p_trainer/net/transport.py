@@ -41,6 +41,7 @@ from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.net import message_relay as relay
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver
 from p2p_trainer.net.envelope import Signer
+from p2p_trainer.net.heap import keep_freed_memory
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ class MessageError(ValueError):
 class Message:
     sender: str
     header: dict[str, Any]
-    payload: bytes
+    payload: bytes | memoryview
+    """A memoryview where it was decrypted into memory of its own (the direct plane)."""
 
 
 def encode_header(header: dict[str, Any]) -> bytes:
@@ -289,6 +291,7 @@ class Transport:
         """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
         """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
+        keep_freed_memory()  # exchange buffers are reused, not faulted in afresh each time
         self._loop = uvloop.new_event_loop()  # its sockets and callbacks cost less CPU per message
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2p-transport", daemon=True)
         self._thread.start()
@@ -432,7 +435,7 @@ class Transport:
             return self.accept_from(sender)
         return True
 
-    def _deliver_raw(self, sender: str, header_raw: bytes, payload: bytes) -> None:
+    def _deliver_raw(self, sender: str, header_raw: bytes, payload: bytes | memoryview) -> None:
         try:
             header = decode_header(header_raw)
         except MessageError as exc:
@@ -440,7 +443,7 @@ class Transport:
             return
         self._deliver(sender, header, payload)
 
-    def _deliver(self, sender: str, header: dict[str, Any], payload: bytes) -> None:
+    def _deliver(self, sender: str, header: dict[str, Any], payload: bytes | memoryview) -> None:
         self.bytes_received += len(payload)
         self.messages_received += 1
         self._last_heard[sender] = time.monotonic()

@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 import nacl.signing
 import pytest
+import uvloop
 
 from p2p_trainer.net import direct
 from p2p_trainer.net.channel import Ephemeral
@@ -23,7 +24,7 @@ from p2p_trainer.net.transport import DIRECT_BACKOFF_MAX_S, RELAYED_FOR_S, Direc
 
 class Inbox:
     def __init__(self) -> None:
-        self.got: list[tuple[str, bytes, bytes]] = []
+        self.got: list[tuple[str, bytes, bytes | memoryview]] = []
         self.admit_ok = True
         self.accepts_ok = True
 
@@ -47,7 +48,8 @@ def plane(inbox: Inbox, **kw: Any) -> DirectPlane:
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 30))
+    # the transport's loop: uvloop's sockets and protocols differ from asyncio's in details
+    uvloop.run(asyncio.wait_for(test(), 30))
 
 
 def test_message_arrives_from_the_key_that_dialled() -> None:

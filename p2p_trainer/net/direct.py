@@ -449,8 +449,8 @@ class DirectPlane:
         # the ack comes once the whole payload is in: allow 1 Mbit/s at least, and 10 s more
         ack_timeout_s = 10.0 + len(payload) / 125_000
         try:
-            conn.writer.write(_sealed_frame(conn.out, header))
-            conn.writer.write(_sealed_frame(conn.out, payload))
+            # one system call for both frames where the socket takes them
+            conn.writer.writelines([_sealed_frame(conn.out, header), _sealed_frame(conn.out, payload)])
             await conn.writer.drain()
             ack = conn.inn.open(await asyncio.wait_for(read_frame(conn.reader, 64), ack_timeout_s))
         except BaseException:

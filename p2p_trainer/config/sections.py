@@ -392,7 +392,7 @@ class NetworkConfig:
     data_plane: str = "p2pd"
     """How exchange messages travel: "p2pd" (libp2p streams of the p2p daemon) or "direct" (sealed
     TCP connections of the peers' own, authenticated with their identity keys; p2pd for a peer
-    that cannot be reached so). Direct is 2 x faster on loopback and as fast on our 10 Mbit/s
+    that cannot be reached so). Direct is 3 x faster on loopback and as fast on our 10 Mbit/s
     testbed, but a stalled peer is noticed later on it: opt in where links are fast."""
     data_port: int = 0
     """TCP port of the direct data plane (0: any free one; set one to open it in a firewall)."""

@@ -191,6 +191,7 @@ class _BlockingExchanges:
         tensors: list[torch.Tensor] | None = None,
         reference: tuple[torch.Tensor, ...] | None = None,
         step: int = 0,
+        state_digest: bytes = b"",
     ) -> PendingExchange:
         """Start averaging the anchor in the background, for the length of the round's inner steps.
 
@@ -201,7 +202,7 @@ class _BlockingExchanges:
         """
         if tensors is None:
             tensors, reference = state.anchor, self._model_reference(state.round, state.anchor)
-        req = self._request(tag, state.round, group, weight, step, reference)
+        req = self._request(tag, state.round, group, weight, step, reference, state_digest)
         behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
         wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))

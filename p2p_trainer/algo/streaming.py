@@ -14,6 +14,14 @@ so the inner steps made while the exchange was under way are kept on top of the 
 failed or partial exchange applies the peer's own Δ_p (the group of one) and, as in DiLoCo,
 starts a re-agreement of all anchors and momenta in the next round; the re-agreement's
 correction of φ is added to θ as well, so the local progress is kept through it.
+
+The periodic re-agreement (`outer.reagree_every`) moves the whole model, φ and m, so on a slow
+link it takes several rounds' worth of time (6.3–6.6 s against 1.7 s rounds on the WAN testbed,
+P = 2, H = 5) and blocks the round it lands in. It is skipped when every fragment is vouched for:
+each fragment exchange carries a digest of the sender's (round, φ_p, m_p) as it starts, and one
+that merged fully with every member's digest equal leaves φ_p and m_p equal on every member (the
+same mean Δ_p, the same step). A fragment whose last exchange did not is not vouched for, and a
+state adopted from a donor vouches for none.
 """
 
 from __future__ import annotations
@@ -25,8 +33,8 @@ from typing import Any
 import torch
 
 from p2p_trainer.algo import outer
-from p2p_trainer.algo.methods import DiLoCo, OuterState, RoundReport, copy_into, merged_fully
-from p2p_trainer.exchange.interface import ALL, ZERO, ExchangeRequest, Ok, PendingExchange
+from p2p_trainer.algo.methods import DiLoCo, OuterState, RoundReport, copy_into, merged_fully, state_digest
+from p2p_trainer.exchange.interface import ALL, ZERO, ExchangeRequest, ExchangeResult, Ok, PendingExchange
 
 TAG = "fragment"
 
@@ -63,13 +71,16 @@ class _InFlight:
     """θ_p at the exchange's start."""
     deadline: float
     """When the exchange itself gives up (time.monotonic())."""
+    digest: bytes
+    """Of this peer's (round, φ_p, m_p) at the start, sent with its contribution."""
 
 
 class StreamingDiLoCo(DiLoCo):
     """DiLoCo with `outer.fragments` > 1, or with `outer.overlap` (one fragment: the whole model)."""
 
     SKIPS_AGREED_REAGREE = False
-    """A round's exchange covers one fragment, landing a round late: it cannot vouch for φ and m."""
+    """A round's exchange covers one fragment, landing a round late: it cannot vouch for φ and m
+    alone; the fragments' exchanges vouch together instead (`_vouched`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -77,6 +88,11 @@ class StreamingDiLoCo(DiLoCo):
         """Tensor indices per fragment, cut at the first round (the parameters' sizes)."""
         self._flight: _InFlight | None = None
         """The fragment exchange running behind this round's inner steps."""
+        self._vouched: set[int] = set()
+        """Fragments whose last exchange merged fully with every member's digest equal to this
+        peer's: their φ_p and m_p are equal on every member since."""
+        self._vouched_in: OuterState | None = None
+        """The state they belong to: an adopted one (a rejoin) vouches for no fragment."""
 
     def end_round(
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
@@ -84,6 +100,9 @@ class StreamingDiLoCo(DiLoCo):
         cfg = self.cfg
         if self._fragments is None:
             self._fragments = split_fragments([p.numel() for p in params], cfg.fragments)
+        if state is not self._vouched_in:
+            self._vouched.clear()
+            self._vouched_in = state
         fast = [p.detach().float().clone() for p in params]
         anchor, momentum = self._mixed_state(state, report)
         if anchor is not state.anchor:  # a re-agreement landed: keep the local progress on top of it
@@ -95,17 +114,39 @@ class StreamingDiLoCo(DiLoCo):
         p = state.round % cfg.fragments
         chosen = self._fragments[p]
         delta = [anchor[i] - fast[i] for i in chosen]
+        digest = b""
+        if self._vouching(state.round):
+            digest = state_digest(state.round, [anchor[i] for i in chosen] + [momentum[i] for i in chosen])
         if cfg.overlaps_outer_step:
-            self._flight = self._launch(p, delta, [fast[i].clone() for i in chosen], state, weight)
+            snapshot = [fast[i].clone() for i in chosen]
+            self._flight = self._launch(p, delta, snapshot, state, weight, digest)
         else:
-            res = self._average(delta, TAG, state.round, ALL, weight, report, step=p)
-            self._diverged = self._diverged or not merged_fully(res)
+            res = self._average(delta, TAG, state.round, ALL, weight, report, step=p, state_digest=digest)
+            self._settled(p, res, digest)
             self._step(chosen, res.tensors if isinstance(res, Ok) else delta, anchor, momentum)
             for i in chosen:
                 fast[i] = anchor[i].clone()
         state.anchor, state.momentum = anchor, momentum
         state.round += 1
         copy_into(params, fast)
+        # read by the next round's begin_round: a due re-agreement is skipped if every fragment
+        # is vouched for (one still in flight is vouched for by its last exchange until it lands)
+        self._agreed = len(self._vouched) == cfg.fragments
+
+    def _vouching(self, rnd: int) -> bool:
+        """Whether round `rnd`'s fragment exchange carries a digest: only the P + 1 rounds before
+        a due re-agreement, whose exchanges have landed by then (hashing φ_p and m_p is a pass over
+        them on the training thread)."""
+        every = self.cfg.reagree_every
+        return bool(every) and 1 <= (every - 1 - rnd) % every <= self.cfg.fragments + 1
+
+    def _settled(self, fragment: int, res: ExchangeResult, digest: bytes) -> None:
+        """Fragment exchange `res` is applied: whether it vouches for the fragment's φ_p and m_p."""
+        self._diverged = self._diverged or not merged_fully(res)
+        if bool(digest) and merged_fully(res) and isinstance(res, Ok) and res.agreed:
+            self._vouched.add(fragment)
+        else:
+            self._vouched.discard(fragment)
 
     def _launch(
         self,
@@ -114,13 +155,14 @@ class StreamingDiLoCo(DiLoCo):
         snapshot: list[torch.Tensor],
         state: OuterState,
         weight: float,
+        digest: bytes,
     ) -> _InFlight:
         request = self._request(TAG, state.round, ALL, weight, p, ZERO)
         feedback = request.codec.lossy and self.xcfg.error_feedback
         sent = self.feedback.contribution((TAG, p), delta) if feedback else delta
-        pending = self._start_behind(TAG, state, ALL, weight, sent, ZERO, step=p)
+        pending = self._start_behind(TAG, state, ALL, weight, sent, ZERO, step=p, state_digest=digest)
         deadline = time.monotonic() + request.timeout_s + 1.0
-        return _InFlight(p, pending, request, sent, delta, snapshot, deadline)
+        return _InFlight(p, pending, request, sent, delta, snapshot, deadline, digest)
 
     def _land(
         self,
@@ -139,7 +181,7 @@ class StreamingDiLoCo(DiLoCo):
         res = self._take(TAG, flight.pending, max(self.xcfg.mix1_grace_s, left_s), report)
         if isinstance(res, Ok) and flight.request.codec.lossy and self.xcfg.error_feedback:
             self.feedback.delivered((TAG, flight.fragment), flight.sent, flight.request.codec)
-        self._diverged = self._diverged or not merged_fully(res)
+        self._settled(flight.fragment, res, flight.digest)
         chosen = self._fragments[flight.fragment]
         self._step(chosen, res.tensors if isinstance(res, Ok) else flight.delta, anchor, momentum)
         for j, i in enumerate(chosen):

@@ -276,6 +276,24 @@ def test_diloco_skips_a_periodic_reagreement_when_every_members_state_was_equal(
     assert all(t == [["outer"]] * 4 for t in tags), tags
 
 
+def test_streaming_diloco_skips_a_periodic_reagreement_its_fragments_vouch_for() -> None:
+    # P = 2, overlapped: each fragment exchange lands a round late; rounds 3 and 7 are due, and
+    # the fragment exchanges that landed before each carried equal digests of (φ_p, m_p)
+    cfg = OuterConfig.for_method("diloco", reagree_every=4, fragments=2)
+    anchors, _ = _peers(3)
+    tags = _diloco_rounds(cfg, anchors, 8)
+    assert all(t == [[]] + [["fragment"]] * 7 for t in tags), tags
+
+
+def test_streaming_diloco_reagrees_when_a_fragment_differs_and_skips_once_agreed() -> None:
+    cfg = OuterConfig.for_method("diloco", reagree_every=4, fragments=2)
+    anchors, _ = _peers(3)
+    anchors[2][1] += 1e-3  # one peer's second fragment differs
+    tags = _diloco_rounds(cfg, anchors, 8)
+    want = [[]] + [["fragment"]] * 2 + [["reagree", "fragment"]] + [["fragment"]] * 4
+    assert all(t == want for t in tags), tags
+
+
 def test_diloco_reagrees_when_the_digests_show_a_drift_and_skips_once_it_is_gone() -> None:
     cfg = OuterConfig.for_method("diloco", reagree_every=2)
     anchors, _ = _peers(3)

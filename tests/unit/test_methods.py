@@ -290,7 +290,7 @@ def test_streaming_diloco_reagrees_when_a_fragment_differs_and_skips_once_agreed
     anchors, _ = _peers(3)
     anchors[2][1] += 1e-3  # one peer's second fragment differs
     tags = _diloco_rounds(cfg, anchors, 8)
-    want = [[]] + [["fragment"]] * 2 + [["reagree", "fragment"]] + [["fragment"]] * 4
+    want: list[list[str]] = [[]] + [["fragment"]] * 2 + [["reagree", "fragment"]] + [["fragment"]] * 4
     assert all(t == want for t in tags), tags
 
 

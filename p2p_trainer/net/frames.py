@@ -8,9 +8,9 @@ received, this protocol 0.17 ms.
 
 Each frame is asked for with the size its reader allows. Of a frame not yet asked for only the
 length is read, then reading waits: a length over the limit closes the connection before any byte
-of its frame is read. A frame's buffer is reserved when its length arrives
-without being filled (`numpy.empty`), so the memory is committed only as its bytes come: a peer
-announcing large frames it never sends holds no memory for them.
+of its frame is read. A frame's buffer is reserved when its length arrives without being filled
+(`numpy.empty`), so the memory is committed only as its bytes come: a peer announcing large
+frames it never sends holds no memory for them.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -27,15 +28,10 @@ TRIM_THRESHOLD = 1 << 30
 MMAP_THRESHOLD = 32 << 20
 """glibc's largest (on 64-bit): larger blocks (a whole GPU-sized model) are still mmap'd."""
 
-_done = False
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Apply the settings once per process; True if glibc took them."""
-    global _done
-    if _done:
-        return True
-    _done = True
+    """Apply the settings once per process; True if glibc took them (every call says the same)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

@@ -3,7 +3,8 @@
     python -m bench.wan.bare_peer --config run.toml --run-dir D --data-key slot0 [--minutes 6]
 
 What one peer's CPU cap can do when no p2p code runs beside it: the denominator of every arm's
-throughput in `python -m bench.wan`. It writes the records and snapshots a `join` peer writes
+throughput in `python -m bench.wan`. It runs with the process settings a peer's inner steps run
+with (`inner.flush_denormal`, the allocator's, `p2p_trainer/heap.py`). It writes the records and snapshots a `join` peer writes
 (a round every H steps), so the bench analyses it like any other arm. `RoundLog` is shared with
 the hivemind baseline.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from p2p_trainer.config import RunConfig, load_config
+from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 from p2p_trainer.train.data import TokenStream, load_corpus
 from p2p_trainer.train.metrics import MetricsWriter
@@ -95,6 +97,11 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bare-peer %(message)s")
     torch.set_num_threads(args.torch_threads)
     cfg = load_config(args.config)
+    # the process settings a peer's inner steps run with (not the node): subnormals flushed and
+    # freed activations kept, so that ÷ bare loop measures what the node costs, not these
+    if cfg.inner.flush_denormal:
+        torch.set_flush_denormal(True)
+    keep_freed_memory()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

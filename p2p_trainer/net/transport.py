@@ -38,10 +38,10 @@ from hivemind import DHT
 from hivemind.p2p import P2P, PeerID
 
 from p2p_trainer.config.security import SecurityConfig
+from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.net import message_relay as relay
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver
 from p2p_trainer.net.envelope import Signer
-from p2p_trainer.net.heap import keep_freed_memory
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)

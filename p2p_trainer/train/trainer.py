@@ -19,6 +19,7 @@ from p2p_trainer.algo.work import WorkQuota
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import Exchange
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
+from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.train.compiled import compile_forward
 from p2p_trainer.train.data import Corpus
 from p2p_trainer.train.host_state import HostMirror, OuterMemory, offloads
@@ -84,6 +85,7 @@ class Peer:
         (fault point "inner")."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.faults = faults
+        keep_freed_memory()  # a step's activations are reused, not faulted in afresh each step
         if self.device.type == "cpu" and cfg.inner.flush_denormal:
             torch.set_flush_denormal(True)  # this thread's, the one that trains (InnerConfig)
         if workload is None:

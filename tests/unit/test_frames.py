@@ -1,5 +1,5 @@
 """Frames read straight into their buffers (net/frames.py), on real loopback sockets under uvloop,
-and the allocator setting that keeps exchange buffers from being faulted in afresh (net/heap.py)."""
+and the allocator setting that keeps exchange buffers from being faulted in afresh (p2p_trainer/heap.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import uvloop
 
+from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.net.frames import FrameReader
-from p2p_trainer.net.heap import keep_freed_memory
 
 
 async def _serve_frames(limits: list[int], got: list[bytes | BaseException]) -> tuple[asyncio.Server, int]:

@@ -26,6 +26,7 @@ state adopted from a donor vouches for none.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,46 @@ class StreamingDiLoCo(DiLoCo):
         peer's: their φ_p and m_p are equal on every member since."""
         self._vouched_in: OuterState | None = None
         """The state they belong to: an adopted one (a rejoin) vouches for no fragment."""
+        self._hashing: (
+            tuple[concurrent.futures.Future[bytes], list[torch.Tensor], list[torch.Tensor]] | None
+        ) = None
+        """This round's fragment digest, taken behind the inner steps, and the anchor and momentum
+        lists it read (a re-agreement or an adopted state replaces them, and the digest with it)."""
+
+    def begin_round(self, state: OuterState, weight: float) -> None:
+        super().begin_round(state, weight)
+        self._hashing = None
+        p = state.round % self.cfg.fragments
+        # the exchange landing at this round's end changes its own fragment: with P = 1, or one
+        # left over from before an adopted state, that is this round's, hashed then instead
+        if not self._vouching(state.round) or (self._flight is not None and self._flight.fragment == p):
+            return
+        if self._fragments is None:
+            self._fragments = split_fragments([a.numel() for a in state.anchor], self.cfg.fragments)
+        chosen = self._fragments[p]
+        tensors = [state.anchor[i] for i in chosen] + [state.momentum[i] for i in chosen]
+        if self._hasher is None:
+            self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="digest")
+        hashing = self._hasher.submit(state_digest, state.round, tensors)
+        self._hashing = (hashing, state.anchor, state.momentum)
+
+    def _fragment_digest(
+        self,
+        rnd: int,
+        anchor: list[torch.Tensor],
+        momentum: list[torch.Tensor],
+        chosen: list[int],
+        hashed_from: tuple[list[torch.Tensor], list[torch.Tensor]],
+    ) -> bytes:
+        """The digest of round `rnd`'s fragment: the one taken behind the inner steps if it read
+        these very tensors (`hashed_from`: the round's anchor and momentum lists), else hashed now."""
+        if (
+            self._hashing is not None
+            and self._hashing[1] is hashed_from[0]
+            and self._hashing[2] is hashed_from[1]
+        ):
+            return self._hashing[0].result()
+        return state_digest(rnd, [anchor[i] for i in chosen] + [momentum[i] for i in chosen])
 
     def end_round(
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
@@ -105,6 +146,7 @@ class StreamingDiLoCo(DiLoCo):
             self._vouched_in = state
         fast = [p.detach().float().clone() for p in params]
         anchor, momentum = self._mixed_state(state, report)
+        hashed_from = (anchor, momentum)  # the state's own lists unless a re-agreement landed
         if anchor is not state.anchor:  # a re-agreement landed: keep the local progress on top of it
             fast = [f + (a - a0) for f, a, a0 in zip(fast, anchor, state.anchor, strict=True)]
         anchor, momentum = list(anchor), list(momentum)
@@ -116,7 +158,8 @@ class StreamingDiLoCo(DiLoCo):
         delta = [anchor[i] - fast[i] for i in chosen]
         digest = b""
         if self._vouching(state.round):
-            digest = state_digest(state.round, [anchor[i] for i in chosen] + [momentum[i] for i in chosen])
+            digest = self._fragment_digest(state.round, anchor, momentum, chosen, hashed_from)
+        self._hashing = None
         if cfg.overlaps_outer_step:
             snapshot = [fast[i].clone() for i in chosen]
             self._flight = self._launch(p, delta, snapshot, state, weight, digest)
@@ -136,7 +179,7 @@ class StreamingDiLoCo(DiLoCo):
     def _vouching(self, rnd: int) -> bool:
         """Whether round `rnd`'s fragment exchange carries a digest: only the P + 1 rounds before
         a due re-agreement, whose exchanges have landed by then (hashing φ_p and m_p is a pass over
-        them on the training thread)."""
+        them; it runs behind the round's inner steps where it can, `begin_round`)."""
         every = self.cfg.reagree_every
         return bool(every) and 1 <= (every - 1 - rnd) % every <= self.cfg.fragments + 1
 

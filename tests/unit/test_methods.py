@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -236,9 +236,15 @@ def test_diloco_reagrees_in_the_round_after_a_partial_exchange_until_one_succeed
     assert ex.started == [("reagree", 2), ("reagree", 3)]
 
 
-def _diloco_rounds(cfg: OuterConfig, anchors: list[list[torch.Tensor]], rounds: int) -> list[list[list[str]]]:
+def _diloco_rounds(
+    cfg: OuterConfig,
+    anchors: list[list[torch.Tensor]],
+    rounds: int,
+    meddle: Callable[[int, int, OuterState], None] = lambda _i, _rnd, _state: None,
+) -> list[list[list[str]]]:
     """`rounds` DiLoCo rounds of in-process peers from these anchors (θ moved by a little noise
-    each round); the exchange tags of each peer's rounds."""
+    each round); the exchange tags of each peer's rounds. `meddle(peer, round, state)` runs
+    after each round's start."""
     n = len(anchors)
     swarm = InProcessSwarm(n, seed=0)
     methods = [build_method(cfg, swarm.exchange(i)) for i in range(n)]
@@ -251,6 +257,7 @@ def _diloco_rounds(cfg: OuterConfig, anchors: list[list[torch.Tensor]], rounds: 
     def work(i: int, rnd: int) -> None:
         g = torch.Generator().manual_seed(100 * rnd + i)
         methods[i].begin_round(states[i], 1.0)
+        meddle(i, rnd, states[i])
         params = [a + 0.01 * torch.randn(a.shape, generator=g) for a in states[i].anchor]
         report = RoundReport(rnd)
         methods[i].end_round(params, states[i], 1.0, report)
@@ -291,6 +298,23 @@ def test_streaming_diloco_reagrees_when_a_fragment_differs_and_skips_once_agreed
     anchors[2][1] += 1e-3  # one peer's second fragment differs
     tags = _diloco_rounds(cfg, anchors, 8)
     want: list[list[str]] = [[]] + [["fragment"]] * 2 + [["reagree", "fragment"]] + [["fragment"]] * 4
+    assert all(t == want for t in tags), tags
+
+
+def test_streaming_diloco_hashes_a_fragment_replaced_after_its_round_began() -> None:
+    # the digest of round 4's fragment (tensor 0) is taken behind the inner steps; a state that
+    # one peer adopts meanwhile (a new anchor list) must be hashed as it is at the round's end,
+    # or the peers would vouch for a fragment that differs and skip round 7's re-agreement
+    # (round 3's is skipped: nothing differs before round 4)
+    cfg = OuterConfig.for_method("diloco", reagree_every=4, fragments=2)
+    anchors, _ = _peers(3)
+
+    def adopt(i: int, rnd: int, state: OuterState) -> None:
+        if i == 2 and rnd == 4:
+            state.anchor = [a + 1e-3 if k == 0 else a.clone() for k, a in enumerate(state.anchor)]
+
+    tags = _diloco_rounds(cfg, anchors, 8, adopt)
+    want: list[list[str]] = [[]] + [["fragment"]] * 6 + [["reagree", "fragment"]]
     assert all(t == want for t in tags), tags
 
 

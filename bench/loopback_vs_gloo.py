@@ -1,6 +1,6 @@
 """One exchange of the default model's pseudo-gradient on loopback: our butterfly vs a gloo all-reduce.
 
-    python -m bench.loopback_vs_gloo [--peers 4] [--rounds 6] [--out bench/results/loopback]
+    python -m bench.loopback_vs_gloo [--peers 4] [--rounds 30] [--out bench/results/loopback]
 
 Both arms average the same float32 vector (837,888 values, the default model) among N processes
 on this machine, with nothing else running. Ours, twice: messages over p2pd streams, then over the
@@ -119,7 +119,7 @@ def spread(xs: list[float]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--peers", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--floats", type=int, default=FLOATS)
     p.add_argument("--period-s", type=float, default=5.0, help="Time between our exchanges' starts.")
     p.add_argument("--out", type=Path, default=None)

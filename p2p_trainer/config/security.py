@@ -43,6 +43,13 @@ class SecurityConfig:
     donor_tolerance: float = 0.05
     """A joiner adopts a donor's state only if a second donor serves the same one, or one within
     this relative L2 distance of φ (peers of gossip methods hold slightly different states)."""
+    donor_loss_margin: float = 0.25
+    """A joiner refuses a donor's state whose φ predicts the joiner's validation batches worse than
+    its own φ (the seed when it joins, its current φ when it rejoins the swarm's round) by more than
+    this fraction: training lowers that loss, so a much higher one is a state that was not trained
+    from this run's model, whatever its round and however many donors serve it (a forger alone in
+    sight, or two that agree). A joiner without validation batches (a workload without them)
+    cannot check and says so."""
     update_ratio_max: float = 6.0
     """R (docs/algorithms.md §10): a contribution's update (vector − reference) may be at most R
     times the part owner's own update on that part (times the sender's tokens over the owner's
@@ -110,6 +117,7 @@ class SecurityConfig:
             f"security.max_throughput_tokens_per_s={self.max_throughput_tokens_per_s}: use a positive value",
         )
         require(self.donor_tolerance >= 0, f"security.donor_tolerance={self.donor_tolerance}: use >= 0")
+        require(self.donor_loss_margin >= 0, f"security.donor_loss_margin={self.donor_loss_margin}: use >= 0")
         require(self.update_ratio_max >= 1, f"security.update_ratio_max={self.update_ratio_max}: use >= 1")
         require(-1 <= self.cosine_min < 1, f"security.cosine_min={self.cosine_min}: use a value in [-1, 1)")
         require(

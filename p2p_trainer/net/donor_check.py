@@ -5,6 +5,8 @@ since it supplies the hash itself. So the joiner:
 
 - refuses a state whose round is at or past the run's last round, or far above the median round
   of the live peers (`round_window`): a forged round would end its training at once;
+- refuses a state its caller's `check_state` refuses (the joiner's validation loss of it,
+  `run/entry_paths.py: StateLossCheck`), whatever its round and whoever confirms it;
 - asks a second donor (the next in the download order) for the hash of the state it serves; the
   same round and hash confirm the first donor's state. Peers of gossip methods hold slightly
   different states, so a different hash is followed by the second donor's full state, and the two
@@ -81,9 +83,11 @@ def confirmed_download(
     header: Header,
     check_round: Callable[[int], str | None],
     tolerance: float,
+    check_state: Callable[[DonorState, str], str | None] = lambda _state, _donor: None,
 ) -> tuple[DonorState, str] | list[str]:
-    """Try `donors` in order; the first state with a plausible round that another donor confirms
-    (or that no other donor could check), and its donor; else every donor's failure.
+    """Try `donors` in order; the first state with a plausible round and contents (`check_state`:
+    None, or why the state is refused) that another donor confirms (or that no other donor could
+    check), and its donor; else every donor's failure.
 
     Two donors that disagree are never asked to judge each other again: a third decides, and
     without one neither state is adopted.
@@ -93,17 +97,18 @@ def confirmed_download(
     disputes: set[frozenset[str]] = set()
     for donor in donors:
         got = download(donor)
-        refusal = None if isinstance(got, Failed) else check_round(got.round)
+        arrived = time.monotonic()
+        refusal = None if isinstance(got, Failed) else check_round(got.round) or check_state(got, donor)
         if isinstance(got, Failed) or refusal is not None:
             reason = got.reason if isinstance(got, Failed) else f"donor {donor[-8:]}: {refusal}"
             logger.warning("state download: %s; trying the next donor", reason.splitlines()[0])
             failures.append(reason)
             unreachable.add(donor)
             continue
-        arrived = time.monotonic()
         verdict = _judged(got, donor, donors, unreachable, disputes, header, download, tolerance)
         if verdict is None:
-            # the donor's round went on while the witness answered: the catch-up counts that too
+            # the donor's round went on while its state was checked and the witness answered: the
+            # catch-up counts that too
             got.round_elapsed_s += time.monotonic() - arrived
             return got, donor
         failures.append(verdict)

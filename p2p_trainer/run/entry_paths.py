@@ -57,6 +57,7 @@ def late_join(
     deadline = time.monotonic() + patience_s
     donor_deadline = time.monotonic() + donor_wait_s
     attempt = 0
+    contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
@@ -65,12 +66,15 @@ def late_join(
         slack = heartbeat_lag_rounds(rounds_per_s, 2 * view.period_s)
         median = median_round([h.round for h in beats])
         donors = _plausible_donors(peer, beats, median, donor_order(transport.peer_id, _rounds(beats), slack))
+        donors = [d for d in donors if d not in contents.refused]  # it would serve the same again
         if not donors and time.monotonic() >= donor_deadline:
             return False
         attempt += 1
         if donors:
             faults.reached("download", attempt)
-        got = _download_from(peer, transport, run_id, donors, median)
+        if donors:
+            contents.prepare()
+        got = _download_from(peer, transport, run_id, donors, median, contents)
         if not isinstance(got, list):
             state, donor = got
             skip = catch_up_steps(state, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
@@ -105,7 +109,12 @@ def _plausible_donors(peer: Peer, beats: list[Heartbeat], median: int | None, do
 
 
 def _download_from(
-    peer: Peer, transport: Transport, run_id: str, donors: list[str], median: int | None
+    peer: Peer,
+    transport: Transport,
+    run_id: str,
+    donors: list[str],
+    median: int | None,
+    contents: StateLossCheck,
 ) -> tuple[DonorState, str] | list[str]:
     """The first donor's state; with the defences on, one whose round is plausible and that a second
     donor confirms (`donor_check.py`)."""
@@ -125,7 +134,50 @@ def _download_from(
         lambda donor: state_header(transport, donor, run_id, net.state_stall_timeout_s),
         lambda rnd: round_refusal(rnd, median, peer.cfg.rounds, sec.round_window),
         sec.donor_tolerance,
+        contents,
     )
+
+
+class StateLossCheck:
+    """Refuses a donor's state whose φ predicts this peer's validation batches worse than this
+    peer's own φ does, by more than `margin` (a fraction): training lowers that loss, so a state
+    above it was not trained from this run's model. It catches a poisoned state that a plausible
+    round and agreeing donors let through (a forger alone in sight, Sybils that agree)."""
+
+    def __init__(self, peer: Peer, margin: float) -> None:
+        self.peer, self.margin = peer, margin
+        self._own: float | None = None
+        self._warned = False
+        self.refused: set[str] = set()
+        """Donors whose state this check refused: not asked again by this peer."""
+
+    def prepare(self) -> None:
+        """Measure this peer's own loss now (it changes as the peer trains: call before each
+        attempt), so that a donor's state waits only for its own evaluation."""
+        if not self.peer.val:
+            if not self._warned:
+                logger.warning(
+                    "donor states are not checked against a validation loss: no validation batches"
+                )
+                self._warned = True
+            return
+        self._own = self.peer.evaluate(self.peer.state.anchor)
+
+    def __call__(self, state: DonorState, donor: str) -> str | None:
+        if self._own is None:
+            self.prepare()
+        if self._own is None:
+            return None
+        theirs = self.peer.evaluate(state.anchor)
+        bound = self._own * (1.0 + self.margin)
+        if not math.isfinite(theirs) or theirs > bound:
+            self.refused.add(donor)
+            return (
+                f"its round-{state.round} state has validation loss {theirs:.4g} here, above this "
+                f"peer's own {self._own:.4g} by more than {self.margin:.0%} (security.donor_loss_margin)"
+            )
+        logger.info("state of round %d: validation loss %.4f here (own %.4f)", state.round, theirs, self._own)
+        return None
 
 
 def rejoin_target(my_round: int, other_rounds: list[int], lag_rounds: int) -> int | None:
@@ -204,6 +256,7 @@ class Rejoin:
         self.lag_rounds, self.tokens_per_round = lag_rounds, tokens_per_round
         self.penalties = penalties
         self.alone = 0
+        self.contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
 
     def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
         """Call after every round; returns a metrics record if the peer rejoined."""
@@ -240,7 +293,9 @@ class Rejoin:
         if target is None:
             return None
         left = peer.state.round
-        candidates = against or list(others)
+        candidates = [p for p in against or list(others) if p not in self.contents.refused]
+        if candidates and peer.cfg.security.defences:
+            self.contents.prepare()
         for donor in sorted(candidates, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:
             net = peer.cfg.network
             got = download_state(
@@ -254,7 +309,7 @@ class Rejoin:
             if isinstance(got, Failed):
                 logger.warning("rejoin download: %s", got.reason.splitlines()[0])
                 continue
-            sec = peer.cfg.security
+            arrived, sec = time.monotonic(), peer.cfg.security
             median = median_round([peer.state.round, *others.values()])
             refusal = (
                 round_refusal(got.round, median, peer.cfg.rounds, sec.round_window) if sec.defences else None
@@ -271,6 +326,11 @@ class Rejoin:
                     target,
                 )
                 continue
+            refusal = self.contents(got, donor) if sec.defences else None
+            if refusal is not None:
+                logger.warning("rejoin: donor %s refused: %s", donor[-8:], refusal)
+                continue
+            got.round_elapsed_s += time.monotonic() - arrived  # the donor trained on meanwhile
             skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
             adopt_state(peer, got, skip)
             if against and self.penalties is not None:

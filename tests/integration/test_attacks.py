@@ -46,7 +46,10 @@ CONTRIBUTIONS = ["scale:1e3", "scale:1e6", "flip:10", "nan", "weight", "owner:10
 RECORDS = ["impersonate", "huge-round", "far-round-start", "replay", "tombstone", "flood:100"]
 STREAMS = 200
 """Endless streams the attacker holds open to each honest peer."""
-OTHERS = ["donor", f"streams:{STREAMS}"]
+LONE_DONOR = "donor:5"
+"""A poisoned donor at a round the run could be at, first in the swarm: each honest peer, starting,
+sees it as the only donor (nothing to measure its round against, no second donor to confirm)."""
+OTHERS = ["donor", LONE_DONOR, f"streams:{STREAMS}"]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
 IN_MAKE_TEST = ["flip:10", "owner:10", "impersonate", "huge-round", "donor"]
@@ -173,6 +176,7 @@ HARM: dict[str, Harm] = {
     "far-round-start": _skipped,
     "huge-round": _worse_loss,
     "donor": _worse_loss,
+    LONE_DONOR: _worse_loss,
     f"streams:{STREAMS}": _held,
 }
 

@@ -9,14 +9,19 @@ import pytest
 import torch
 from nacl.signing import SigningKey
 
+from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.lab.adversary.donor import poisoned_state
 from p2p_trainer.net import records
 from p2p_trainer.net.donor_check import confirmed_download, round_refusal
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RunDefinition, RunDefinitionMismatch
 from p2p_trainer.net.state_sync import DonorState
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats, median_round
-from p2p_trainer.run.entry_paths import estimated_round, rejoin_target
+from p2p_trainer.run.entry_paths import StateLossCheck, estimated_round, rejoin_target
+from p2p_trainer.train.data import load_corpus
+from p2p_trainer.train.trainer import Peer
+from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -130,6 +135,50 @@ def test_a_second_donor_confirms_the_state_and_a_poisoned_one_is_refused(
 
     got = confirmed_download(["a", "b"], download, lambda d: (50, "x"), lambda rnd: None, 0.05)
     assert not isinstance(got, list) and downloads == ["a"]  # the hash alone confirmed it
+
+
+def test_a_donor_state_that_fails_its_contents_check_is_refused_even_when_confirmed() -> None:
+    # a forger alone in sight, or two that serve the same poison: a plausible round and agreeing
+    # hashes do not make a state that was never trained from the run's model
+    served = {"f1": state(5, -10.0, "p"), "f2": state(5, -10.0, "p"), "a": state(5, digest="x")}
+    checked: list[str] = []
+
+    def contents(got: DonorState, donor: str) -> str | None:
+        checked.append(donor)
+        return "its loss is too high" if float(got.anchor[0][0]) < 0 else None
+
+    def run(order: list[str]) -> tuple[DonorState, str] | list[str]:
+        return confirmed_download(
+            order, lambda d: served[d], lambda d: (5, served[d].sha256), lambda rnd: None, 0.05, contents
+        )
+
+    refused = run(["f1"])
+    assert isinstance(refused, list) and "its loss is too high" in refused[0]
+    assert isinstance(run(["f1", "f2"]), list)  # f2 would confirm f1's hash: both refused anyway
+    got = run(["f1", "f2", "a"])
+    assert not isinstance(got, list) and got[1] == "a"
+    assert checked == ["f1", "f1", "f2", "f1", "f2", "a"]
+
+
+def test_a_joiner_refuses_a_state_that_predicts_its_validation_data_worse_than_its_own() -> None:
+    cfg = tiny_config("diloco", rounds=4)
+    corpus = load_corpus(cfg.data, cfg.model.seq_len)
+    trained = Peer(cfg, InProcessSwarm(1, cfg.seed).exchange(0), corpus, "p0")
+    trained.train(2)
+    joiner = Peer(cfg, InProcessSwarm(1, cfg.seed).exchange(0), corpus, "p1")
+    check = StateLossCheck(joiner, margin=0.25)
+    honest = DonorState(
+        anchor=[a.clone() for a in trained.state.anchor],
+        momentum=[m.clone() for m in trained.state.momentum],
+        round=trained.state.round,
+    )
+    poison = poisoned_state(cfg, 2)
+    assert check(honest, "honest") is None
+    why = check(DonorState(anchor=poison.anchor, momentum=poison.momentum, round=2), "forger")
+    assert why is not None and "security.donor_loss_margin" in why
+    assert check.refused == {"forger"}
+    # the check leaves the joiner's own weights as they were
+    assert all(torch.equal(p, a) for p, a in zip(joiner.params, joiner.state.anchor, strict=True))
 
 
 class FakeDHT:

@@ -51,9 +51,16 @@ def _assert_instance_gone(name: str, cgroup_path: Path | None, pids: set[int]) -
 
 
 @pytest.mark.timeout(30)
+def _congestion_control(namespace: str) -> str:
+    argv = ["ip", "netns", "exec", namespace, "sysctl", "-n", "net.ipv4.tcp_congestion_control"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_hosts_reach_each_other_over_tcp(testbed_factory: TestbedFactory) -> None:
     tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(2, rate_mbit=None, cpu_cores=None)))
     assert tb.address("h0") != tb.address("h1")
+    # pinned, whatever the machine's default (bbr on the VM it was measured on)
+    assert [_congestion_control(tb.host(h).netns) for h in ("h0", "h1")] == ["cubic", "cubic"]
     for src, dst in (("h0", "h1"), ("h1", "h0")):
         result = measure_transfer(tb, src, dst, 100_000, timeout_s=10)
         assert result.error is None

@@ -43,6 +43,7 @@ def test_default_config_is_valid_and_addresses_stay_in_the_subnet() -> None:
         (TestbedConfig(hosts=(HostSpec("a", cpu_cores=0.0),)), "cpu_cores"),
         (TestbedConfig(name_prefix="x-y"), "name_prefix"),
         (TestbedConfig(hosts=uniform_hosts(15), subnet="10.213.0.0/28"), "do not fit"),
+        (TestbedConfig(congestion_control="cubic; reboot"), "congestion_control"),
     ],
 )
 def test_invalid_configs_say_what_to_change(config: TestbedConfig, message: str) -> None:

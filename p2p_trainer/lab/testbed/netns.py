@@ -57,11 +57,21 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in run_cmd(["ip", "netns", "list"]).splitlines() if line.strip()]
 
 
-def add_namespace(name: str) -> None:
+def add_namespace(name: str, congestion_control: str = "") -> None:
     """A new namespace with `lo` up and IPv6 off: hosts speak IPv4 only, and the counters then
-    carry no neighbour-discovery or multicast-listener chatter (~0.5 kB/s per host otherwise)."""
+    carry no neighbour-discovery or multicast-listener chatter (~0.5 kB/s per host otherwise).
+    `congestion_control`: its TCP congestion control ("" keeps the one it inherits)."""
     run_cmd(["ip", "netns", "add", name])
     run_cmd(["ip", "-n", name, "link", "set", "lo", "up"])
+    if congestion_control:
+        setting = f"net.ipv4.tcp_congestion_control={congestion_control}"
+        try:
+            run_cmd(["ip", "netns", "exec", name, "sysctl", "-q", "-w", setting])
+        except NetnsError as exc:
+            raise NetnsError(
+                f"cannot set TCP congestion control {congestion_control!r} in {name} ({exc}); pick one of "
+                '/proc/sys/net/ipv4/tcp_available_congestion_control, or "" for the machine\'s'
+            ) from exc
     sysctl = [
         "sysctl",
         "-q",

@@ -156,7 +156,7 @@ class Testbed:
             host = self._new_host(spec, router)
             self._hosts[spec.name] = host
             self._namespaces.append(host.netns)
-            netns.add_namespace(host.netns)
+            netns.add_namespace(host.netns, self.config.congestion_control)
             if router is not None:
                 gateway = self.config.lan_address(router.router_ordinal, 0)
                 nat.add_lan_link(router.netns, host.switch_if, host.netns, host.address, gateway)

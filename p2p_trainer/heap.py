@@ -49,5 +49,7 @@ def keep_freed_memory() -> bool:
         if env not in os.environ:
             took = bool(mallopt(option, value)) and took
     if not took:
-        logger.debug("glibc refused a malloc setting: freed exchange buffers go back to the system")
+        logger.debug(
+            "glibc refused a malloc setting: freed blocks go back to the system and are faulted in again"
+        )
     return took

@@ -3,9 +3,9 @@
     python -m bench.wan.bare_peer --config run.toml --run-dir D --data-key slot0 [--minutes 6]
 
 What one peer's CPU cap can do when no p2p code runs beside it: the denominator of every arm's
-throughput in `python -m bench.wan`. It runs with the process settings a peer's inner steps run
-with (`inner.flush_denormal`, the allocator's, `p2p_trainer/heap.py`). It writes the records and snapshots a `join` peer writes
-(a round every H steps), so the bench analyses it like any other arm. `RoundLog` is shared with
+throughput in `python -m bench.wan`. It runs with the settings a peer's inner steps run with
+(`train/trainer.py: inner_step_settings`). It writes the records and snapshots a `join` peer
+writes (a round every H steps), so the bench analyses it like any other arm. `RoundLog` is shared with
 the hivemind baseline.
 """
 
@@ -22,13 +22,12 @@ from pathlib import Path
 import torch
 
 from p2p_trainer.config import RunConfig, load_config
-from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, StartRecord
 from p2p_trainer.train.data import TokenStream, load_corpus
 from p2p_trainer.train.metrics import MetricsWriter
 from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import save_snapshot
-from p2p_trainer.train.trainer import lr_factor
+from p2p_trainer.train.trainer import inner_step_settings, lr_factor
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +96,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bare-peer %(message)s")
     torch.set_num_threads(args.torch_threads)
     cfg = load_config(args.config)
-    # the process settings a peer's inner steps run with (not the node): subnormals flushed and
-    # freed activations kept, so that ÷ bare loop measures what the node costs, not these
-    if cfg.inner.flush_denormal:
-        torch.set_flush_denormal(True)
-    keep_freed_memory()
+    # the settings a peer's inner steps run with (not the node): ÷ bare loop measures the node
+    inner_step_settings(cfg, torch.device("cpu"))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

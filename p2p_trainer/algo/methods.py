@@ -315,10 +315,13 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         self._digest = None
         if self.SKIPS_AGREED_REAGREE and every and (state.round + 2) % every == 0:
             # φ and m stay as they are until end_round: hashed behind the inner steps
-            if self._hasher is None:
-                self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="digest")
-            hashing = self._hasher.submit(state_digest, state.round, both)
-            self._digest = (hashing, state.anchor, state.momentum)
+            self._digest = (self._hash_behind(state.round, both), state.anchor, state.momentum)
+
+    def _hash_behind(self, rnd: int, tensors: list[torch.Tensor]) -> concurrent.futures.Future[bytes]:
+        """`state_digest(rnd, tensors)` on a thread of its own, while the inner steps run."""
+        if self._hasher is None:
+            self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="digest")
+        return self._hasher.submit(state_digest, rnd, tensors)
 
     def _mixed_state(
         self, state: OuterState, report: RoundReport

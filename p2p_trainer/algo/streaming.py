@@ -112,10 +112,7 @@ class StreamingDiLoCo(DiLoCo):
             self._fragments = split_fragments([a.numel() for a in state.anchor], self.cfg.fragments)
         chosen = self._fragments[p]
         tensors = [state.anchor[i] for i in chosen] + [state.momentum[i] for i in chosen]
-        if self._hasher is None:
-            self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="digest")
-        hashing = self._hasher.submit(state_digest, state.round, tensors)
-        self._hashing = (hashing, state.anchor, state.momentum)
+        self._hashing = (self._hash_behind(state.round, tensors), state.anchor, state.momentum)
 
     def _fragment_digest(
         self,

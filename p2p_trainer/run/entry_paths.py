@@ -72,8 +72,6 @@ def late_join(
         attempt += 1
         if donors:
             faults.reached("download", attempt)
-        if donors:
-            contents.prepare()
         got = _download_from(peer, transport, run_id, donors, median, contents)
         if not isinstance(got, list):
             state, donor = got
@@ -152,8 +150,8 @@ class StateLossCheck:
         """Donors whose state this check refused: not asked again by this peer."""
 
     def prepare(self) -> None:
-        """Measure this peer's own loss now (it changes as the peer trains: call before each
-        attempt), so that a donor's state waits only for its own evaluation."""
+        """Measure this peer's own loss now; the first check does, and a peer that trained since
+        (a rejoin) calls this again."""
         if not self.peer.val:
             if not self._warned:
                 logger.warning(

@@ -85,9 +85,7 @@ class Peer:
         (fault point "inner")."""
         self.cfg, self.exchange, self.device = cfg, exchange, torch.device(device)
         self.faults = faults
-        keep_freed_memory()  # a step's activations are reused, not faulted in afresh each step
-        if self.device.type == "cpu" and cfg.inner.flush_denormal:
-            torch.set_flush_denormal(True)  # this thread's, the one that trains (InnerConfig)
+        inner_step_settings(cfg, self.device)
         if workload is None:
             if corpus is None:
                 raise ValueError("a Peer needs a corpus or a workload")
@@ -265,6 +263,13 @@ class Peer:
 
 def _never() -> bool:
     return False
+
+
+def inner_step_settings(cfg: RunConfig, device: torch.device) -> None:
+    """The process and thread settings inner steps run with; call on the thread that trains."""
+    keep_freed_memory()  # a step's activations are reused, not faulted in afresh each step
+    if device.type == "cpu" and cfg.inner.flush_denormal:
+        torch.set_flush_denormal(True)  # this thread's (InnerConfig)
 
 
 def adopt_state(peer: Peer, state: OuterState, skip_steps: int = 0) -> None:

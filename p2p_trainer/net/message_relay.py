@@ -41,6 +41,9 @@ RELAY_PROTOCOL = "p2p-trainer/relay/1"
 """Sender -> relay: forward this message to the peer named in the first frame."""
 RELAYED_PROTOCOL = "p2p-trainer/relayed/1"
 """Relay -> target: a message someone else signed."""
+HELLO_PROTOCOL = "p2p-trainer/hello/1"
+"""Answers nothing: a stream that opens proves a host holding the peer id's key runs there (a
+probe), and a peer behind NAT opens one to have a connection that others can use."""
 OPEN, CLOSED = b"\x01", b"\x00"
 MAX_META_BYTES = 512
 _DOMAIN = b"p2p-trainer/relayed-message/v1\x00"
@@ -140,6 +143,8 @@ class RelayService:
         self._open: dict[str, int] = {}
         self.forwarded = 0
         """Messages delivered through this relay."""
+        self.probes = 0
+        """Probes a target answered through this relay (`probe_relayed`)."""
         self.refused = 0
         """Streams refused: over a limit, malformed, or the target out of reach."""
 
@@ -185,13 +190,20 @@ class RelayService:
         target = route.get("to") if isinstance(route, dict) else None
         if not isinstance(target, str) or target == sender:
             raise RelayError(f"bad routing frame {route!r}")
+        probe = route.get("probe") is True  # only whether the target answers: nothing to forward
         try:
-            opened = self.p2p.call_binary_stream_handler(PeerID.from_base58(target), RELAYED_PROTOCOL)
+            protocol = HELLO_PROTOCOL if probe else RELAYED_PROTOCOL
+            opened = self.p2p.call_binary_stream_handler(PeerID.from_base58(target), protocol)
             _, target_reader, target_writer = await asyncio.wait_for(opened, limits.open_timeout_s)
         except Exception as exc:  # p2pd reports an unreachable target with several error types
             await _answer(writer, CLOSED)
             reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
             raise RelayError(f"target {target[-8:]} out of reach: {reason}") from None
+        if probe:
+            target_writer.close()
+            await _answer(writer, OPEN)
+            self.probes += 1
+            return
         try:
             await _answer(writer, OPEN)
             # meta, header, payload; the target applies its own, tighter limits to the last two
@@ -207,6 +219,17 @@ class RelayService:
 async def _answer(writer: asyncio.StreamWriter, byte: bytes) -> None:
     writer.write(byte)
     await writer.drain()
+
+
+async def probe_relayed(p2p: P2P, relay: str, target: str) -> bool:
+    """Whether `target` answers a probe (`HELLO_PROTOCOL`) opened by `relay` (for a peer this one
+    cannot dial: behind NAT, it keeps a connection to its relays)."""
+    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(relay), RELAY_PROTOCOL)
+    try:
+        await P2P.send_raw_data(bytes(msgpack.packb({"to": target, "probe": True})), writer)
+        return await reader.read(1) == OPEN
+    finally:
+        writer.close()
 
 
 async def send_relayed(

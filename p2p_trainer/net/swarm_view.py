@@ -26,17 +26,19 @@ Only heartbeats signed by their own peer count (`envelope.py`), in a closed swar
 admitted peers (`admission.py`; every `REVOCATION_EVERY` refreshes the view also republishes the
 revocations it holds and learns those the others publish, `revocation.py`), and with the
 security defences on the view believes them only within bounds relative to its own state
-(`view_bounds.py`): every consumer of `heartbeats()` (groups, alignment, donor choice, rejoin)
-sees the bounded list.
+(`view_bounds.py`), and in an open swarm only peers it has seen alive (`probation.py`): every
+consumer of `heartbeats()` (groups, alignment, donor choice, rejoin) sees that list.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from p2p_trainer import __version__
 from p2p_trainer.config import NetworkConfig, SecurityConfig
@@ -44,6 +46,7 @@ from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
+from p2p_trainer.net.probation import Prober
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
 
 logger = logging.getLogger(__name__)
@@ -144,6 +147,7 @@ class SwarmView:
         self._refused: set[str] = set()
         """Peers whose newest heartbeat this view refused (not admitted, or out of bounds)."""
         self._heard: Callable[[float], set[str]] | None = None
+        self._prober: Prober | None = None
         self._suspects: Callable[[], set[str]] = set
         self._sample: Callable[[PeerStatus], None] | None = None
         self._suspected_at: dict[str, float] = {}
@@ -225,7 +229,7 @@ class SwarmView:
                 self._share_revocations(turn // REVOCATION_EVERY)
             except (records.RecordError, TimeoutError, RuntimeError) as exc:
                 logger.warning("sharing the swarm's revocations failed: %s", exc)
-        others = {h.peer_id for h in peers} - {self.node.peer_id}
+        others = {h.peer_id for h in self.heartbeats()} - {self.node.peer_id}
         self._known |= others
         if not others and self._known:
             self._reconnect()
@@ -268,7 +272,33 @@ class SwarmView:
 
     def heartbeats(self) -> list[records.Heartbeat]:
         with self._lock:
-            return list(self._peers)
+            beats = list(self._peers)
+        if self._prober is None:
+            return beats
+        seen = self._prober.seen() | self._exempt()
+        return [b for b in beats if b.peer_id in seen]
+
+    def probe_with(
+        self,
+        probe: Callable[[str], Coroutine[Any, Any, bool]],
+        submit: Callable[[Coroutine[Any, Any, bool]], concurrent.futures.Future[bool]],
+    ) -> None:
+        """In an open swarm with the defences on, show only peers seen alive: heard from, or
+        answering `probe(peer)` run by `submit` (`probation.py`); a closed swarm's view holds
+        admitted peers only and needs no probes. Waits a few seconds for the peers in view."""
+        if not (self.defences and self.admission.open):
+            return
+        self._prober = Prober(self._candidates, self._exempt, lambda: self._suspects(), probe, submit)
+        self._prober.start()
+
+    def _candidates(self) -> set[str]:
+        with self._lock:
+            return {b.peer_id for b in self._peers}
+
+    def _exempt(self) -> set[str]:
+        """Peers shown without a probe: this one, and those whose messages arrived (`hear_from`)."""
+        heard = self._heard(self.ttl_s) if self._heard is not None else set()
+        return heard | {self.node.peer_id}
 
     def data_address(self, peer_id: str) -> str | None:
         """Where `peer_id`'s direct data plane listens, by its newest heartbeat in view."""
@@ -399,6 +429,8 @@ class SwarmView:
 
     def close(self) -> None:
         """Stop heartbeating and withdraw: a tombstone replaces this peer's heartbeat record."""
+        if self._prober is not None:
+            self._prober.close()
         self._stop.set()
         self._thread.join(timeout=self.period_s + 5)
         try:

@@ -49,8 +49,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_HEADER_BYTES = 16 * 1024
 PROTOCOL = "p2p-trainer/mix/1"
-HELLO_PROTOCOL = "p2p-trainer/hello/1"
-"""Answers nothing: a peer behind NAT opens it to have a connection that others can use."""
+HELLO_PROTOCOL = relay.HELLO_PROTOCOL
 RELAYED_FOR_S = 30.0
 """After a direct stream to a peer failed, send to it through a relay for this long before
 trying directly again (a dial to an address behind NAT can take seconds to fail)."""
@@ -407,6 +406,26 @@ class Transport:
         then use to reach this one even when it cannot dial this one (behind NAT)."""
         _, _, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HELLO_PROTOCOL)
         writer.close()
+
+    async def probe(self, peer_id: str, dial_timeout_s: float = 3.0) -> bool:
+        """Whether a host holding `peer_id`'s key answers: a stream opened to it directly, or
+        else through each relay in turn (`probation.py`). A dial to an address behind NAT can
+        hang until its timeout; the relays are tried after `dial_timeout_s`."""
+        try:
+            await asyncio.wait_for(self.connect(peer_id), dial_timeout_s)
+            return True
+        except Exception as exc:  # p2pd reports a peer it cannot dial with several error types
+            error: Exception = exc
+        for relay_id in self.relays:
+            if relay_id == peer_id:
+                continue
+            try:
+                if await relay.probe_relayed(self.p2p, relay_id, peer_id):
+                    return True
+            except Exception as exc:  # a relay that is down or refuses: the next one
+                error = exc
+        logger.debug("%s did not answer a probe: %s", peer_id[-8:], str(error).splitlines()[:1])
+        return False
 
     async def connected_peers(self) -> set[str]:
         """Peers p2pd has a connection with now."""

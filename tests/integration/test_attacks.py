@@ -4,7 +4,7 @@ Each attack runs twice. With the defences on (`[security] defences = true`, the 
 honest peers must finish every round (exit 0, no hang) with a final validation loss within 3% of
 a clean run of the same length (three honest peers, no attacker; one run for the module). With
 the defences off, the same attack must measurably hurt them, which shows the attack is real.
-To keep `make test` short it runs six defended arms (`IN_MAKE_TEST`); every other arm is a bench
+To keep `make test` short it runs seven defended arms (`IN_MAKE_TEST`); every other arm is a bench
 (`make bench-check`). Every arm prints its
 measurements (run with `-s`); docs/security-results.md has the table.
 """
@@ -52,9 +52,10 @@ sees it as the only donor (nothing to measure its round against, no second donor
 OTHERS = ["donor", LONE_DONOR, f"streams:{STREAMS}"]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
-IN_MAKE_TEST = ["flip:10", "owner:10", "impersonate", "huge-round", "donor", LONE_DONOR]
+IN_MAKE_TEST = ["flip:10", "owner:10", "impersonate", "huge-round", "donor", LONE_DONOR, "flood:100"]
 """The defended arms `make test` runs: a contribution, a part owner's result, a forged record, a
-forged round and a poisoned donor, far ahead and alone in sight (about a minute each; `impersonate` runs LONG_ROUNDS, and its
+forged round, a poisoned donor, far ahead and alone in sight, and a flood of phantom peers in an
+open swarm (about a minute each; `impersonate` runs LONG_ROUNDS, and its
 clean run of that length with it). The other defended arms, and every
 undefended one, run under `make bench-check`; `streams:200` is open there (its descriptors are not
 yet bounded, docs/security-results.md)."""
@@ -139,6 +140,8 @@ def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.Fix
     if name.startswith("streams"):
         extra = out.fd_peak - clean.fd_peak
         assert extra < STREAMS // 4, f"an honest peer held {extra} descriptors more than in the clean run"
+    if name.startswith("flood"):  # phantoms answer no probe, so no view draws them into a group
+        assert min(out.merged_share) >= 0.8 * min(clean.merged_share), (out.merged_share, clean.merged_share)
 
 
 def _worse_loss(out: Outcome, clean: Outcome) -> bool:

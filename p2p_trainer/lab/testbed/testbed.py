@@ -444,12 +444,22 @@ class Testbed:
         """SIGKILL the process (and children), reap it if we started it, remove its p2pd sockets.
 
         A process this testbed started that has exited meanwhile (a zombie, or already reaped) is
-        only reaped: a caller's `poll()` and this call race with the process's own exit."""
+        only reaped: a caller's `poll()` and this call race with the process's own exit, and a
+        process on its way out leaves its host's namespace before it is a zombie."""
         if pid in self._procs and not processes.is_alive(pid):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._procs[pid].wait(timeout=self.config.kill_grace_s)
             return set()
-        targets = self._targets(pid, tree)
+        try:
+            targets = self._targets(pid, tree)
+        except TestbedError:
+            if pid not in self._procs:
+                raise
+            try:  # no longer in its namespace: it is exiting, so it is only reaped
+                self._procs[pid].wait(timeout=self.config.kill_grace_s)
+            except subprocess.TimeoutExpired:
+                raise TestbedError(f"pid {pid} left {self.name}'s hosts but did not exit") from None
+            return set()
         self._kill_and_reap(targets)
         return targets
 

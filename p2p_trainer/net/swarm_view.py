@@ -148,6 +148,7 @@ class SwarmView:
         """Peers whose newest heartbeat this view refused (not admitted, or out of bounds)."""
         self._heard: Callable[[float], set[str]] | None = None
         self._prober: Prober | None = None
+        self._probed_by: Callable[[float], set[str]] = lambda _s: set()
         self._suspects: Callable[[], set[str]] = set
         self._sample: Callable[[PeerStatus], None] | None = None
         self._suspected_at: dict[str, float] = {}
@@ -282,12 +283,15 @@ class SwarmView:
         self,
         probe: Callable[[str], Coroutine[Any, Any, bool]],
         submit: Callable[[Coroutine[Any, Any, bool]], concurrent.futures.Future[bool]],
+        probed_by: Callable[[float], set[str]] = lambda _s: set(),
     ) -> None:
-        """In an open swarm with the defences on, show only peers seen alive: heard from, or
-        answering `probe(peer)` run by `submit` (`probation.py`); a closed swarm's view holds
-        admitted peers only and needs no probes. Waits a few seconds for the peers in view."""
+        """In an open swarm with the defences on, show only peers seen alive: heard from, probing
+        this one (`probed_by(seconds)`: their probes reached it), or answering `probe(peer)` run by
+        `submit` (`probation.py`); a closed swarm's view holds admitted peers only and needs no
+        probes. Waits a few seconds for the peers in view."""
         if not (self.defences and self.admission.open):
             return
+        self._probed_by = probed_by
         self._prober = Prober(self._candidates, self._exempt, lambda: self._suspects(), probe, submit)
         self._prober.start()
 
@@ -298,7 +302,7 @@ class SwarmView:
     def _exempt(self) -> set[str]:
         """Peers shown without a probe: this one, and those whose messages arrived (`hear_from`)."""
         heard = self._heard(self.ttl_s) if self._heard is not None else set()
-        return heard | {self.node.peer_id}
+        return heard | self._probed_by(self.ttl_s) | {self.node.peer_id}
 
     def data_address(self, peer_id: str) -> str | None:
         """Where `peer_id`'s direct data plane listens, by its newest heartbeat in view."""

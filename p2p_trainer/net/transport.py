@@ -50,6 +50,9 @@ T = TypeVar("T")
 MAX_HEADER_BYTES = 16 * 1024
 PROTOCOL = "p2p-trainer/mix/1"
 HELLO_PROTOCOL = relay.HELLO_PROTOCOL
+MAX_HELLOS_KEPT = 4096
+HELLOS_KEPT_S = 120.0
+"""Openers of HELLO streams remembered (each a running libp2p host), and for how long."""
 RELAYED_FOR_S = 30.0
 """After a direct stream to a peer failed, send to it through a relay for this long before
 trying directly again (a dial to an address behind NAT can take seconds to fail)."""
@@ -290,6 +293,8 @@ class Transport:
         """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
         """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
+        self._hello_at: dict[str, float] = {}
+        """Peer id -> monotonic time it opened a HELLO stream to this one (`hellos_within`)."""
         keep_freed_memory()  # exchange buffers are reused, not faulted in afresh each time
         self._loop = uvloop.new_event_loop()  # its sockets and callbacks cost less CPU per message
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2p-transport", daemon=True)
@@ -304,7 +309,7 @@ class Transport:
         p2p = await dht.replicate_p2p()
         await p2p.add_binary_stream_handler(PROTOCOL, self._on_stream)
         await p2p.add_binary_stream_handler(relay.RELAYED_PROTOCOL, self._on_relayed)
-        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, _close_at_once)
+        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, self._on_hello)
         return p2p
 
     # ----------------------------------------------------------------- running coroutines
@@ -501,6 +506,22 @@ class Transport:
         header = decode_header(await read_frame(reader, MAX_HEADER_BYTES))
         return header, await read_frame(reader, self.max_payload_bytes)
 
+    async def _on_hello(self, info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A probe, or a peer behind NAT opening a connection: closed at once. libp2p authenticated
+        the opener with its peer id's key, so a host of that id runs: evidence for a view's
+        probation (`hellos_within`), though not for the live view itself (anyone may open one)."""
+        if len(self._hello_at) >= MAX_HELLOS_KEPT:
+            since = time.monotonic() - HELLOS_KEPT_S
+            self._hello_at = {p: t for p, t in self._hello_at.items() if t >= since}
+        if len(self._hello_at) < MAX_HELLOS_KEPT:
+            self._hello_at[info.peer_id.to_base58()] = time.monotonic()
+        writer.close()
+
+    def hellos_within(self, seconds: float) -> set[str]:
+        """Peers that opened a HELLO stream to this one within the last `seconds`."""
+        since = time.monotonic() - seconds
+        return {p for p, t in list(self._hello_at.items()) if t >= since}
+
     async def _on_stream(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._receive(info.peer_id.to_base58(), reader, writer, self._read_message)
 
@@ -606,7 +627,3 @@ class Transport:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         remove_files(own_sockets)
-
-
-async def _close_at_once(_info: Any, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.close()

@@ -253,7 +253,7 @@ def start(
     # worth here; 4x leaves room for survivors topping up their share when peers vanish
     # (constant work per round, §6). Anything above is more than a peer could have processed.
     view.hear_from(transport.heard_within)  # exchanges are evidence of life too (swarm_view.py)
-    view.probe_with(transport.probe, transport.submit)  # an open swarm's phantoms stay out
+    view.probe_with(transport.probe, transport.submit, transport.hellos_within)  # phantoms stay out
     transport.accept_from = lambda peer: peer in view.live_peers()  # nobody enters the view by a message
     if net.data_plane == "direct":
         transport.direct_address = view.data_address

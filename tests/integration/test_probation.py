@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from nacl.signing import SigningKey
@@ -32,8 +31,9 @@ def _beat(peer_id: str, rnd: int = 3) -> records.Heartbeat:
     return records.Heartbeat(peer_id, rnd, 100, 2.0, 50.0, "0.1.0", records.now())
 
 
-@pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[list[Host]]:
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Host]]:
+    tmp_path = tmp_path_factory.mktemp("hosts")
     started: list[Host] = []
     try:
         first = start_node(DHTConfig(identity_path=str(tmp_path / "h0.key"), host="127.0.0.1"))
@@ -69,6 +69,9 @@ def test_an_open_swarms_view_shows_peers_that_answer_and_not_phantoms(hosts: lis
         assert set(view.live_peers()) == {a.node.peer_id, b.node.peer_id}
         assert {h.peer_id for h in view.heartbeats()} == {a.node.peer_id, b.node.peer_id}
         assert view._prober is not None and view._prober.probation.failed >= len(phantoms)
+        # b saw a's probe arrive: evidence for b's own view that a runs (libp2p authenticated it)
+        assert a.node.peer_id in b.transport.hellos_within(60.0)
+        assert not phantom_ids & b.transport.hellos_within(60.0)
     finally:
         view.close()
 
@@ -98,5 +101,8 @@ def test_a_relay_answers_whether_its_target_runs(hosts: list[Host]) -> None:
     assert service.probes == 1 and service.forwarded == 0
     # the transport falls back on its relays when it cannot open a stream itself
     asker.transport.relays = [relay_id]
-    assert asker.transport.run(asker.transport.probe(target.node.peer_id), timeout_s=30)
-    assert not asker.transport.run(asker.transport.probe(phantom), timeout_s=30)
+    try:
+        assert asker.transport.run(asker.transport.probe(target.node.peer_id), timeout_s=30)
+        assert not asker.transport.run(asker.transport.probe(phantom), timeout_s=30)
+    finally:
+        asker.transport.relays = []

@@ -21,6 +21,9 @@ import math
 from bench.wan.runs import CANONICAL, DEFAULT_METHOD, Variant
 from p2p_trainer.config import RunConfig
 
+LAND_AT = 5
+"""`outer.land_at_step` of the default-land arm: the default's blocking all-reduce took 1.30 s
+(p50) against 0.28 s inner steps on this testbed (bench/RESULTS.md, 5 Dec 2026), so 5 cover it."""
 ENDLESS_STEPS = 1_000_000
 """Inner steps scheduled under `constant`: more than any arm reaches, so only the budget stops it."""
 
@@ -45,6 +48,8 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
         # what a user gets with no flags: the shipped config (method, wire format, quorum, all
         # of default.toml), only H set by the bench like every other arm's
         Variant("default", DEFAULT_METHOD),
+        # the same, its all-reduce behind the next round's first LAND_AT inner steps (§1)
+        Variant(f"default-land{LAND_AT}", DEFAULT_METHOD, {"overlap": True, "land_at_step": LAND_AT}),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]
     out += [

@@ -83,8 +83,8 @@ default: it is ours, failures included."""
 def variant_config(base: RunConfig, v: Variant, h: int, timeout_s: float) -> RunConfig:
     if v.method in BASELINE_PEERS:
         return dataclasses.replace(base, outer=OuterConfig.for_method("independent", num_inner_steps=h))
-    if v.method == DEFAULT_METHOD:
-        outer = dataclasses.replace(base.outer, num_inner_steps=h)
+    if v.method == DEFAULT_METHOD:  # a variant of it may change [outer] fields, nothing else
+        outer = dataclasses.replace(base.outer, num_inner_steps=h, **v.outer)
         return dataclasses.replace(
             base, outer=outer, exchange=dataclasses.replace(base.exchange, timeout_s=timeout_s)
         )

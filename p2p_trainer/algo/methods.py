@@ -112,10 +112,18 @@ class OuterMethod(Protocol):
         """Exchange, outer step, θ ← φ; advances `state.round`."""
         ...
 
+    def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
+        """Apply an exchange running behind this round now (`outer.land_at_step`); returns
+        whether φ and θ (`params`) changed."""
+        ...
+
 
 class _NoGradientSync:
     def sync_gradients(self, grads: list[torch.Tensor], step: int, report: RoundReport) -> None:
         return None
+
+    def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
+        return False
 
 
 def grace_tracker(cfg: ExchangeConfig) -> GraceTracker:
@@ -469,6 +477,9 @@ class DataParallel(_BlockingExchanges):
         res = self._average(grads, "grad", step, ALL, 1.0, report)
         if isinstance(res, Ok):
             copy_into(grads, res.tensors)
+
+    def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
+        return False
 
     def end_round(
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport

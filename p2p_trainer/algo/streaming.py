@@ -173,6 +173,20 @@ class StreamingDiLoCo(DiLoCo):
         # is vouched for (one still in flight is vouched for by its last exchange until it lands)
         self._agreed = len(self._vouched) == cfg.fragments
 
+    def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
+        """The exchange launched at the last round's end, landed `outer.land_at_step` steps into
+        this one instead of at its end (§1). Not while a re-agreement runs: it started from the φ
+        before this landing and would replace it at the round's end, so the landing waits for it."""
+        if self._flight is None or self._reagree is not None:
+            return False
+        fast = [p.detach().float().clone() for p in params]
+        anchor, momentum = list(state.anchor), list(state.momentum)
+        self._land(self._flight, anchor, momentum, fast, report)
+        self._flight = None
+        state.anchor, state.momentum = anchor, momentum
+        copy_into(params, fast)
+        return True
+
     def _vouching(self, rnd: int) -> bool:
         """Whether round `rnd`'s fragment exchange carries a digest: only the P + 1 rounds before
         a due re-agreement, whose exchanges have landed by then (hashing φ_p and m_p is a pass over

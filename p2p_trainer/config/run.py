@@ -109,6 +109,12 @@ class OuterConfig:
     step cost all of DiLoCo's per-token gain over training alone (bench/RESULTS.md), so it is off.
     Other methods ignore it (so `--method` works on a file that sets it), and with fragments > 1
     fragment_overlap decides."""
+    land_at_step: int = 0
+    """With an overlapped outer step (overlap, or fragments with fragment_overlap): the inner step
+    of the next round after which the exchange's mean is waited for and its outer step applied
+    (Streaming DiLoCo's τ; §1). 0: at that round's end, a whole round late. A step that covers
+    the exchange's time (on a slow link about its seconds over an inner step's) hides it and
+    delays each outer step by that much only; must be below num_inner_steps."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
@@ -159,6 +165,11 @@ class OuterConfig:
         require(
             self.reagree_every >= 0,
             f"outer.reagree_every={self.reagree_every}: use >= 0 (0: after faults only)",
+        )
+        require(
+            0 <= self.land_at_step < self.num_inner_steps,
+            f"outer.land_at_step={self.land_at_step}: use 0 (the round's end) up to "
+            f"num_inner_steps - 1 = {self.num_inner_steps - 1}",
         )
         require(
             self.target_tokens_per_round >= 0,

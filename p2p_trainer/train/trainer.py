@@ -171,6 +171,8 @@ class Peer:
                 self.faults.reached("inner", self.state.round)
             losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
             self.round_step = s + 1
+            if self.round_step == self.cfg.outer.land_at_step:
+                self._land(report)
         compute_s = time.monotonic() - t_round - report.blocked_s
         fast = self.mirror.pull()  # θ where φ lives: on the host with offload
         self.method.end_round(fast, self.state, self._merge_weight(), report)  # exchange + outer step
@@ -225,6 +227,12 @@ class Peer:
         return total
 
     # --------------------------------------------------------------------------- helpers
+    def _land(self, report: RoundReport) -> None:
+        """The exchange running behind this round, applied now (`outer.land_at_step`)."""
+        fast = self.mirror.pull()
+        if self.method.land(fast, self.state, report):
+            self.mirror.push()
+
     def outer_memory(self) -> OuterMemory:
         """What the outer state adds to the model's own memory (φ, m, θ's staging copy), and where."""
         return self.mirror.memory(self.state)

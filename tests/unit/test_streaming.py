@@ -218,3 +218,53 @@ def test_overlap_is_diloco_with_one_fragment_behind_the_next_round() -> None:
     assert all(torch.equal(a, torch.full_like(a, -0.5)) for a in state.anchor)
     assert torch.equal(params[0], torch.full((4,), -2.5)) and torch.equal(params[1], torch.full((2,), -2.5))
     assert partner.requests[1] == ("fragment", 1, 0, [4, 2])
+
+
+def test_a_step_landed_early_keeps_the_steps_after_it_and_the_round_end_lands_nothing() -> None:
+    cfg = OuterConfig.for_method("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=0)
+    partner = _Partner()
+    method = build_method(cfg, partner, xcfg=ExchangeConfig())  # type: ignore[arg-type]
+    params = [torch.zeros(4)]
+    state = OuterState.from_params(params)
+    method.begin_round(state, 1.0)
+    assert not method.land(params, state, RoundReport(0))  # nothing in flight yet
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(0))  # Δ = 1 sent; the mean is 1/2
+    method.begin_round(state, 1.0)
+    _train(params, 0.25)  # the steps before the landing step
+    assert method.land(params, state, RoundReport(1))
+    # φ = 0 − 1/2; θ = φ + (θ now − θ at the exchange's start) = −0.5 − 0.25
+    assert torch.equal(state.anchor[0], torch.full((4,), -0.5))
+    assert torch.equal(params[0], torch.full((4,), -0.75))
+    assert not method.land(params, state, RoundReport(1))  # landed once
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(1))
+    # the round's end lands nothing more and sends this round's Δ: φ − θ = −0.5 − (−1.75) = 1.25
+    assert torch.equal(state.anchor[0], torch.full((4,), -0.5))
+    assert partner.requests[-1] == ("fragment", 1, 0, [4]) and state.round == 2
+    assert torch.equal(params[0], torch.full((4,), -1.75))
+
+
+def test_a_landing_waits_for_a_re_agreement_that_started_before_it() -> None:
+    cfg = OuterConfig.for_method("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=2)
+    method = build_method(cfg, _Partner(), xcfg=ExchangeConfig())  # type: ignore[arg-type]
+    params = [torch.zeros(4)]
+    state = OuterState.from_params(params)
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(0))
+    method.begin_round(state, 1.0)  # round 1: a periodic re-agreement of φ and m starts
+    # its mean would replace a φ stepped now at the round's end: landed there instead
+    assert not method.land(params, state, RoundReport(1))
+
+
+def test_land_at_step_lands_inside_the_round_in_process() -> None:
+    cfg = tiny_config("diloco", rounds=6, h=5)
+    cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, overlap=True, land_at_step=2))
+    res = run_inprocess(cfg, 2)
+    assert res.failed_exchanges == 0
+    first = [h[0].train_loss for h in res.history]
+    last = [h[-1].train_loss for h in res.history]
+    assert all(b < a - 0.3 for a, b in zip(first, last, strict=True)), (first, last)
+    with pytest.raises(ConfigError, match="land_at_step=5"):
+        OuterConfig.for_method("diloco", overlap=True, num_inner_steps=5, land_at_step=5)

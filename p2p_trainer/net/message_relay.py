@@ -45,6 +45,8 @@ HELLO_PROTOCOL = "p2p-trainer/hello/1"
 """Answers nothing: a stream that opens proves a host holding the peer id's key runs there (a
 probe), and a peer behind NAT opens one to have a connection that others can use."""
 OPEN, CLOSED = b"\x01", b"\x00"
+PROBE_OPEN_S = 3.0
+"""How long a relay tries to reach a probe's target (`probe_relayed`)."""
 MAX_META_BYTES = 512
 _DOMAIN = b"p2p-trainer/relayed-message/v1\x00"
 _CHUNK_BYTES = 1 << 20
@@ -194,7 +196,9 @@ class RelayService:
         try:
             protocol = HELLO_PROTOCOL if probe else RELAYED_PROTOCOL
             opened = self.p2p.call_binary_stream_handler(PeerID.from_base58(target), protocol)
-            _, target_reader, target_writer = await asyncio.wait_for(opened, limits.open_timeout_s)
+            # a probe's sender gives up after a few seconds: its slot here must not outlast that
+            wait_s = min(limits.open_timeout_s, PROBE_OPEN_S) if probe else limits.open_timeout_s
+            _, target_reader, target_writer = await asyncio.wait_for(opened, wait_s)
         except Exception as exc:  # p2pd reports an unreachable target with several error types
             await _answer(writer, CLOSED)
             reason = str(exc).splitlines()[0] if str(exc) else repr(exc)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import random
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Set
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ FIRST_ROUND_S = 5.0
 """How long `start` waits for the peers in view at that time to answer (honest ones take ms)."""
 MAX_IN_FLIGHT = 16
 """Probes at once: each holds a connection to p2pd, and the phantoms' number is the attacker's."""
+FORGET_AFTER_S = 300.0
 
 
 class Probation:
@@ -48,19 +50,24 @@ class Probation:
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._in_flight: set[str] = set()
+        self._suspected: set[str] = set()
+        self._last_candidate: dict[str, float] = {}
         self.failed = 0
         """Probes that found nobody (over the run)."""
 
-    def due(self, candidates: set[str], exempt: set[str]) -> list[str]:
-        """The candidates to probe now, at most `MAX_IN_FLIGHT` in flight (each until `answered`):
-        peers never probed first, so a newcomer does not queue behind phantoms tried before."""
+    def due(self, candidates: set[str], exempt: set[str], hurry: Set[str] = frozenset()) -> list[str]:
+        """The candidates to probe now, at most `MAX_IN_FLIGHT` in flight (each until `answered`).
+        `hurry`: peers with fresh evidence of a running host (they probed this one), probed first
+        and at once; then peers never probed, in random order (an attacker cannot choose ids that
+        sort ahead of a newcomer); then those due for a retry."""
         now = self.clock()
-        ready = [
-            p
-            for p in candidates - self.vouched - exempt - self._in_flight
-            if self._retry_at.get(p, 0.0) <= now
-        ]
-        ready.sort(key=lambda p: (self._backoff.get(p, 0.0), p))
+        for peer in candidates:
+            self._last_candidate[peer] = now
+        open_ = candidates - self.vouched - exempt - self._in_flight
+        for peer in hurry & open_:
+            self._retry_at.pop(peer, None)
+        ready = [p for p in open_ if self._retry_at.get(p, 0.0) <= now]
+        ready.sort(key=lambda p: (p not in hurry, self._backoff.get(p, 0.0), random.random()))
         todo = ready[: max(0, MAX_IN_FLIGHT - len(self._in_flight))]
         self._in_flight.update(todo)
         return todo
@@ -77,16 +84,28 @@ class Probation:
         self._backoff[peer] = wait_s
         self._retry_at[peer] = self.clock() + wait_s
 
+    def vouch(self, peers: set[str]) -> None:
+        """`peers` exchanged messages with this one (took one, or sent one): they run."""
+        for peer in peers - self._suspected:
+            self.vouched.add(peer)
+            self._retry_at.pop(peer, None)
+            self._backoff.pop(peer, None)
+
     def suspect(self, peers: set[str]) -> None:
-        """`peers` failed a send: they must answer a probe again before they count."""
-        self.vouched -= peers
+        """This peer's current suspects (a send failed): those newly among them must answer a
+        probe again before they count; one that answers stays vouched while still suspected."""
+        self.vouched -= peers - self._suspected
+        self._suspected = set(peers)
 
     def forget(self, keep: set[str]) -> None:
-        """Drop what is known of peers no longer in view (a long run meets many)."""
-        for table in (self._retry_at, self._backoff):
-            for peer in set(table) - keep:
+        """Drop what is known of peers out of view for `FORGET_AFTER_S` (a long run meets many;
+        a heartbeat missing from one read, or let lapse and republished, is not news)."""
+        gone_before = self.clock() - FORGET_AFTER_S
+        stale = {p for p, t in self._last_candidate.items() if t < gone_before and p not in keep}
+        for table in (self._retry_at, self._backoff, self._last_candidate):
+            for peer in stale & set(table):
                 del table[peer]
-        self.vouched &= keep
+        self.vouched -= stale
 
     @property
     def in_flight(self) -> int:
@@ -95,18 +114,23 @@ class Probation:
 
 class Prober:
     """A thread that probes the view's candidates (`candidates()`) with `probe(peer)` on an
-    asyncio loop (`submit`), as `Probation` says; `seen()` is what the view may show."""
+    asyncio loop (`submit`), as `Probation` says; `seen()` is what the view may show.
+
+    Evidence besides a probe: `heard()`, peers that exchanged a message with this one (vouched),
+    and `probed_by()`, peers whose probe reached this one (probed back at once: a probe's opener
+    proves only that it can dial out, not that it answers)."""
 
     def __init__(
         self,
         candidates: Callable[[], set[str]],
-        exempt: Callable[[], set[str]],
+        heard: Callable[[], set[str]],
+        probed_by: Callable[[], set[str]],
         suspects: Callable[[], set[str]],
         probe: Callable[[str], Coroutine[Any, Any, bool]],
         submit: Callable[[Coroutine[Any, Any, bool]], concurrent.futures.Future[bool]],
         period_s: float = 0.5,
     ) -> None:
-        self.candidates, self.exempt, self.suspects = candidates, exempt, suspects
+        self.candidates, self.heard, self.probed_by, self.suspects = candidates, heard, probed_by, suspects
         self.probe, self.submit, self.period_s = probe, submit, period_s
         self.probation = Probation()
         self._lock = threading.Lock()
@@ -114,12 +138,14 @@ class Prober:
         self._thread: threading.Thread | None = None
 
     def start(self, first_round_s: float = FIRST_ROUND_S) -> None:
-        """Probe the peers in view now, wait up to `first_round_s` for them, then keep probing."""
+        """Probe the peers in view now, wait up to `first_round_s` for them (more are launched as
+        each answers, so one slow probe holds up no other), then keep probing."""
         deadline = time.monotonic() + first_round_s
-        while pending := self._launch():
-            concurrent.futures.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
-            if time.monotonic() >= deadline:
-                break
+        pending = set(self._launch())
+        while pending and time.monotonic() < deadline:
+            left_s = max(0.0, deadline - time.monotonic())
+            _, pending = concurrent.futures.wait(pending, left_s, concurrent.futures.FIRST_COMPLETED)
+            pending |= set(self._launch())
         self._thread = threading.Thread(target=self._run, name="probation", daemon=True)
         self._thread.start()
 
@@ -129,10 +155,12 @@ class Prober:
 
     def _launch(self) -> list[concurrent.futures.Future[bool]]:
         candidates = self.candidates()
+        heard, hellos, suspects = self.heard(), self.probed_by(), self.suspects()
         with self._lock:
-            self.probation.suspect(self.suspects())
+            self.probation.suspect(suspects)
+            self.probation.vouch(heard & candidates)
             self.probation.forget(candidates)
-            todo = self.probation.due(candidates, self.exempt())
+            todo = self.probation.due(candidates, set(), hurry=hellos)
         return [self._probe(peer) for peer in todo]
 
     def _probe(self, peer: str) -> concurrent.futures.Future[bool]:

@@ -148,7 +148,6 @@ class SwarmView:
         """Peers whose newest heartbeat this view refused (not admitted, or out of bounds)."""
         self._heard: Callable[[float], set[str]] | None = None
         self._prober: Prober | None = None
-        self._probed_by: Callable[[float], set[str]] = lambda _s: set()
         self._suspects: Callable[[], set[str]] = set
         self._sample: Callable[[PeerStatus], None] | None = None
         self._suspected_at: dict[str, float] = {}
@@ -276,7 +275,7 @@ class SwarmView:
             beats = list(self._peers)
         if self._prober is None:
             return beats
-        seen = self._prober.seen() | self._exempt()
+        seen = self._prober.seen() | self._heard_unsuspected() | {self.node.peer_id}
         return [b for b in beats if b.peer_id in seen]
 
     def probe_with(
@@ -285,24 +284,32 @@ class SwarmView:
         submit: Callable[[Coroutine[Any, Any, bool]], concurrent.futures.Future[bool]],
         probed_by: Callable[[float], set[str]] = lambda _s: set(),
     ) -> None:
-        """In an open swarm with the defences on, show only peers seen alive: heard from, probing
-        this one (`probed_by(seconds)`: their probes reached it), or answering `probe(peer)` run by
-        `submit` (`probation.py`); a closed swarm's view holds admitted peers only and needs no
-        probes. Waits a few seconds for the peers in view."""
+        """In an open swarm with the defences on, show only peers seen alive: exchanging messages
+        with this one, or answering `probe(peer)` run by `submit` (`probation.py`; peers in
+        `probed_by(seconds)`, whose probes reached this one, are probed back at once); a closed
+        swarm's view holds admitted peers only and needs no probes. Waits a few seconds for the
+        peers in view."""
         if not (self.defences and self.admission.open):
             return
-        self._probed_by = probed_by
-        self._prober = Prober(self._candidates, self._exempt, lambda: self._suspects(), probe, submit)
+        self._prober = Prober(
+            self._candidates,
+            self._heard_unsuspected,
+            lambda: probed_by(self.ttl_s),
+            lambda: self._suspects(),
+            probe,
+            submit,
+        )
         self._prober.start()
 
     def _candidates(self) -> set[str]:
         with self._lock:
-            return {b.peer_id for b in self._peers}
+            return {b.peer_id for b in self._peers} - {self.node.peer_id}
 
-    def _exempt(self) -> set[str]:
-        """Peers shown without a probe: this one, and those whose messages arrived (`hear_from`)."""
+    def _heard_unsuspected(self) -> set[str]:
+        """Peers whose messages arrived (or that took one) within `ttl_s`, less those a send to
+        failed since (`share_suspects`)."""
         heard = self._heard(self.ttl_s) if self._heard is not None else set()
-        return heard | self._probed_by(self.ttl_s) | {self.node.peer_id}
+        return heard - self._suspects()
 
     def data_address(self, peer_id: str) -> str | None:
         """Where `peer_id`'s direct data plane listens, by its newest heartbeat in view."""

@@ -21,6 +21,7 @@ on each; exchange messages are taken only from peers in the live view (`accept_f
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -51,8 +52,10 @@ MAX_HEADER_BYTES = 16 * 1024
 PROTOCOL = "p2p-trainer/mix/1"
 HELLO_PROTOCOL = relay.HELLO_PROTOCOL
 MAX_HELLOS_KEPT = 4096
-HELLOS_KEPT_S = 120.0
-"""Openers of HELLO streams remembered (each a running libp2p host), and for how long."""
+"""Openers of HELLO streams remembered (the newest; each a libp2p host that dialled this one)."""
+MAX_RELAY_PROBES = 4
+"""Probes through relays at once: a relay serves each sender a few streams, which relayed
+messages need more (a probe of a peer nobody runs is tried through the relays too)."""
 RELAYED_FOR_S = 30.0
 """After a direct stream to a peer failed, send to it through a relay for this long before
 trying directly again (a dial to an address behind NAT can take seconds to fail)."""
@@ -293,7 +296,9 @@ class Transport:
         """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
         """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
-        self._hello_at: dict[str, float] = {}
+        self._hello_at: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._relay_probes: asyncio.Semaphore | None = None
+        """Created on the transport's loop, at the first probe."""
         """Peer id -> monotonic time it opened a HELLO stream to this one (`hellos_within`)."""
         keep_freed_memory()  # exchange buffers are reused, not faulted in afresh each time
         self._loop = uvloop.new_event_loop()  # its sockets and callbacks cost less CPU per message
@@ -421,14 +426,19 @@ class Transport:
             return True
         except Exception as exc:  # p2pd reports a peer it cannot dial with several error types
             error: Exception = exc
-        for relay_id in self.relays:
-            if relay_id == peer_id:
-                continue
-            try:
-                if await relay.probe_relayed(self.p2p, relay_id, peer_id):
-                    return True
-            except Exception as exc:  # a relay that is down or refuses: the next one
-                error = exc
+        if self._relay_probes is None:
+            self._relay_probes = asyncio.Semaphore(MAX_RELAY_PROBES)
+        if self.relays and self._relay_probes.locked():
+            return False  # tried again after the prober's backoff
+        async with self._relay_probes:
+            for relay_id in self.relays:
+                if relay_id == peer_id:
+                    continue
+                try:
+                    if await relay.probe_relayed(self.p2p, relay_id, peer_id):
+                        return True
+                except Exception as exc:  # a relay that is down or refuses: the next one
+                    error = exc
         logger.debug("%s did not answer a probe: %s", peer_id[-8:], str(error).splitlines()[:1])
         return False
 
@@ -510,11 +520,11 @@ class Transport:
         """A probe, or a peer behind NAT opening a connection: closed at once. libp2p authenticated
         the opener with its peer id's key, so a host of that id runs: evidence for a view's
         probation (`hellos_within`), though not for the live view itself (anyone may open one)."""
-        if len(self._hello_at) >= MAX_HELLOS_KEPT:
-            since = time.monotonic() - HELLOS_KEPT_S
-            self._hello_at = {p: t for p, t in self._hello_at.items() if t >= since}
-        if len(self._hello_at) < MAX_HELLOS_KEPT:
-            self._hello_at[info.peer_id.to_base58()] = time.monotonic()
+        opener = info.peer_id.to_base58()
+        self._hello_at.pop(opener, None)
+        self._hello_at[opener] = time.monotonic()  # newest last
+        while len(self._hello_at) > MAX_HELLOS_KEPT:
+            self._hello_at.popitem(last=False)
         writer.close()
 
     def hellos_within(self, seconds: float) -> set[str]:

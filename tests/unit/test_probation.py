@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from p2p_trainer.net.probation import FIRST_RETRY_S, MAX_IN_FLIGHT, MAX_RETRY_S, Probation
+from p2p_trainer.net.probation import FIRST_RETRY_S, FORGET_AFTER_S, MAX_IN_FLIGHT, MAX_RETRY_S, Probation
 
 
 class Clock:
@@ -34,8 +34,9 @@ def test_a_peer_that_never_answers_is_probed_ever_less_often_and_never_vouched()
 
 
 def test_an_answer_vouches_until_a_send_fails_and_exempt_peers_are_not_probed() -> None:
-    p = Probation(Clock())
-    assert p.due({"a", "b", "me"}, exempt={"me"}) == ["a", "b"]
+    clock = Clock()
+    p = Probation(clock)
+    assert sorted(p.due({"a", "b", "me"}, exempt={"me"})) == ["a", "b"]
     p.answered("a", alive=True)
     p.answered("b", alive=False)
     assert p.vouched == {"a"}
@@ -43,8 +44,43 @@ def test_an_answer_vouches_until_a_send_fails_and_exempt_peers_are_not_probed() 
     p.suspect({"a"})
     assert p.due({"a", "b"}, set()) == ["a"]  # on probation again
     p.answered("a", alive=True)
-    p.forget(keep={"b"})  # a left the view: forgotten
+    p.suspect({"a"})  # still suspected, but it answered since: not undone every period
+    assert p.vouched == {"a"}
+    p.suspect(set())
+    p.suspect({"a"})  # suspected anew
     assert p.vouched == set()
+
+
+def test_messages_vouch_unless_suspected_and_a_probe_of_this_peer_is_answered_at_once() -> None:
+    clock = Clock()
+    p = Probation(clock)
+    p.suspect({"c"})
+    p.vouch({"b", "c"})  # b and c exchanged messages with this peer; a send to c failed since
+    assert p.vouched == {"b"}
+    assert p.due({"zz-prober"}, set()) == ["zz-prober"]
+    p.answered("zz-prober", alive=False)  # its address was not known yet: backoff
+    assert p.due({"zz-prober"}, set()) == []
+    # it probed this peer (so its address is known now): probed back at once, ahead of newcomers
+    assert p.due({"aa-new", "zz-prober"}, set(), hurry={"zz-prober"})[0] == "zz-prober"
+
+
+def test_a_peer_out_of_view_is_forgotten_only_after_a_while() -> None:
+    clock = Clock()
+    p = Probation(clock)
+    p.due({"a", "ghost"}, set())
+    p.answered("a", alive=True)
+    p.answered("ghost", alive=False)
+    p.forget(keep=set())  # one read without their heartbeats is not news
+    assert p.vouched == {"a"}
+    clock.t += FIRST_RETRY_S
+    assert p.due({"ghost"}, set()) == ["ghost"]  # its backoff was kept
+    p.answered("ghost", alive=False)
+    clock.t += FORGET_AFTER_S + 1
+    p.forget(keep=set())
+    assert p.vouched == set()
+    assert p.due({"ghost"}, set()) == ["ghost"]  # a stranger again, its backoff gone
+    p.answered("ghost", alive=False)
+    assert p.failed == 3
 
 
 def test_probes_at_once_are_capped_and_newcomers_go_first() -> None:

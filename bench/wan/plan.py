@@ -49,7 +49,11 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
         # of default.toml), only H set by the bench like every other arm's
         Variant("default", DEFAULT_METHOD),
         # the same, its all-reduce behind the next round's first LAND_AT inner steps (§1)
-        Variant(f"default-land{LAND_AT}", DEFAULT_METHOD, {"overlap": True, "land_at_step": LAND_AT}),
+        Variant(
+            f"default-land{LAND_AT}",
+            DEFAULT_METHOD,
+            {"overlap": True, "land_at_step": LAND_AT},
+        ),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]
     out += [

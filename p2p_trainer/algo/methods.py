@@ -112,6 +112,10 @@ class OuterMethod(Protocol):
         """Exchange, outer step, θ ← φ; advances `state.round`."""
         ...
 
+    def ready_to_land(self, state: OuterState) -> bool:
+        """Whether an exchange running behind this round has its result, to apply now."""
+        ...
+
     def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
         """Apply an exchange running behind this round now (`outer.land_at_step`); returns
         whether φ and θ (`params`) changed."""
@@ -121,6 +125,9 @@ class OuterMethod(Protocol):
 class _NoGradientSync:
     def sync_gradients(self, grads: list[torch.Tensor], step: int, report: RoundReport) -> None:
         return None
+
+    def ready_to_land(self, state: OuterState) -> bool:
+        return False
 
     def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
         return False
@@ -477,6 +484,9 @@ class DataParallel(_BlockingExchanges):
         res = self._average(grads, "grad", step, ALL, 1.0, report)
         if isinstance(res, Ok):
             copy_into(grads, res.tensors)
+
+    def ready_to_land(self, state: OuterState) -> bool:
+        return False
 
     def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
         return False

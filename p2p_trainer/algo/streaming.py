@@ -173,12 +173,24 @@ class StreamingDiLoCo(DiLoCo):
         # is vouched for (one still in flight is vouched for by its last exchange until it lands)
         self._agreed = len(self._vouched) == cfg.fragments
 
+    def ready_to_land(self, state: OuterState) -> bool:
+        """The exchange launched at the last round's end has its result, to land before this
+        round's end (`outer.land_at_step`, §1). Not while a re-agreement runs: it started from the
+        φ before the landing and would replace it at the round's end, so the landing waits for
+        it; nor one launched before an adopted state (a rejoin): the round's end deals with it."""
+        flight = self._flight
+        return (
+            flight is not None
+            and self._reagree is None
+            and flight.request.round == state.round - 1
+            and flight.pending.done()
+        )
+
     def land(self, params: list[torch.Tensor], state: OuterState, report: RoundReport) -> bool:
-        """The exchange launched at the last round's end, landed `outer.land_at_step` steps into
-        this one instead of at its end (§1). Not while a re-agreement runs: it started from the φ
-        before this landing and would replace it at the round's end, so the landing waits for it."""
-        if self._flight is None or self._reagree is not None:
+        """Land the exchange `ready_to_land` names: θ keeps the inner steps made since it began."""
+        if not self.ready_to_land(state):
             return False
+        assert self._flight is not None
         fast = [p.detach().float().clone() for p in params]
         anchor, momentum = list(state.anchor), list(state.momentum)
         self._land(self._flight, anchor, momentum, fast, report)

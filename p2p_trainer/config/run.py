@@ -110,11 +110,13 @@ class OuterConfig:
     Other methods ignore it (so `--method` works on a file that sets it), and with fragments > 1
     fragment_overlap decides."""
     land_at_step: int = 0
-    """With an overlapped outer step (overlap, or fragments with fragment_overlap): the inner step
-    of the next round after which the exchange's mean is waited for and its outer step applied
-    (Streaming DiLoCo's τ; §1). 0: at that round's end, a whole round late. A step that covers
-    the exchange's time (on a slow link about its seconds over an inner step's) hides it and
-    delays each outer step by that much only; must be below num_inner_steps."""
+    """With an overlapped outer step (overlap, or fragments with fragment_overlap): from this
+    inner step of the next round on, the exchange's outer step is applied after the first step
+    where its mean is in (Streaming DiLoCo's τ; §1), at the round's end at the latest. 0: at that
+    round's end, a whole round late, as is any step at or past num_inner_steps (so a shorter
+    round set on the command line needs no change here). A step that covers the exchange's time
+    (on a slow link about its seconds over an inner step's) hides it and delays each outer step by
+    that much only. Other methods ignore it."""
     token_weighted: bool = True
     """Weight group means by the tokens behind each contribution (docs/algorithms.md §5)."""
     align_rounds: bool = BY_METHOD
@@ -167,9 +169,8 @@ class OuterConfig:
             f"outer.reagree_every={self.reagree_every}: use >= 0 (0: after faults only)",
         )
         require(
-            0 <= self.land_at_step < self.num_inner_steps,
-            f"outer.land_at_step={self.land_at_step}: use 0 (the round's end) up to "
-            f"num_inner_steps - 1 = {self.num_inner_steps - 1}",
+            self.land_at_step >= 0,
+            f"outer.land_at_step={self.land_at_step}: use 0 (the round's end) or a number of inner steps",
         )
         require(
             self.target_tokens_per_round >= 0,

@@ -171,7 +171,8 @@ class Peer:
                 self.faults.reached("inner", self.state.round)
             losses.append(self.inner_step(report, self.work.next_step(s)))  # §6: tops up if peers left
             self.round_step = s + 1
-            if self.round_step == self.cfg.outer.land_at_step:
+            land_at = self.cfg.outer.land_at_step
+            if land_at and self.round_step >= land_at and self.method.ready_to_land(self.state):
                 self._land(report)
         compute_s = time.monotonic() - t_round - report.blocked_s
         fast = self.mirror.pull()  # θ where φ lives: on the host with offload
@@ -228,7 +229,9 @@ class Peer:
 
     # --------------------------------------------------------------------------- helpers
     def _land(self, report: RoundReport) -> None:
-        """The exchange running behind this round, applied now (`outer.land_at_step`)."""
+        """The exchange running behind this round, applied now (`outer.land_at_step`): at the
+        first inner step from that one on where its result is in, so a late partner holds up
+        nobody's steps; at the round's end at the latest."""
         fast = self.mirror.pull()
         if self.method.land(fast, self.state, report):
             self.mirror.push()

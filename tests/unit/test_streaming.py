@@ -266,5 +266,25 @@ def test_land_at_step_lands_inside_the_round_in_process() -> None:
     first = [h[0].train_loss for h in res.history]
     last = [h[-1].train_loss for h in res.history]
     assert all(b < a - 0.3 for a, b in zip(first, last, strict=True)), (first, last)
-    with pytest.raises(ConfigError, match="land_at_step=5"):
-        OuterConfig.for_method("diloco", overlap=True, num_inner_steps=5, land_at_step=5)
+    with pytest.raises(ConfigError, match="land_at_step=-1"):
+        OuterConfig.for_method("diloco", overlap=True, land_at_step=-1)
+    # at or past the round's length it lands at the round's end: a shorter H set on the command
+    # line does not turn a config file's landing step into an error
+    assert OuterConfig.for_method("diloco", overlap=True, num_inner_steps=3, land_at_step=5).land_at_step == 5
+
+
+def test_an_early_landing_waits_for_nothing_and_lands_once_the_mean_is_in() -> None:
+    cfg = OuterConfig.for_method("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=0)
+    partner = _SlowPartner(delay_s=0.3)
+    method = build_method(cfg, partner, xcfg=ExchangeConfig(timeout_s=5.0))  # type: ignore[arg-type]
+    params = [torch.zeros(4)]
+    state = OuterState.from_params(params)
+    method.begin_round(state, 1.0)
+    _train(params, 1.0)
+    method.end_round(params, state, 1.0, RoundReport(0))
+    method.begin_round(state, 1.0)
+    assert not method.ready_to_land(state) and not method.land(params, state, RoundReport(1))
+    assert partner.waits == []  # nobody waited on the exchange: the inner steps go on
+    time.sleep(0.35)
+    assert method.ready_to_land(state) and method.land(params, state, RoundReport(1))
+    assert torch.equal(state.anchor[0], torch.full((4,), -0.5))

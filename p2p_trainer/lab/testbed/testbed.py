@@ -455,11 +455,15 @@ class Testbed:
         except TestbedError:
             if pid not in self._procs:
                 raise
-            try:  # no longer in its namespace: it is exiting, so it is only reaped
+            # no longer in its namespace: it is exiting, so it is only reaped; its children
+            # (p2pd) may still be running there
+            children = processes.descendants(pid) & self._all_pids() if tree else set()
+            self._kill_and_reap(children)
+            try:
                 self._procs[pid].wait(timeout=self.config.kill_grace_s)
             except subprocess.TimeoutExpired:
                 raise TestbedError(f"pid {pid} left {self.name}'s hosts but did not exit") from None
-            return set()
+            return children
         self._kill_and_reap(targets)
         return targets
 

@@ -34,6 +34,8 @@ PROBE_TIMEOUT_S = 8.0
 runs), then the relays."""
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 60.0
+RETURNING_MAX_S = 4.0
+"""Longest wait between probes of a peer that answered before (`Probation.answered`)."""
 FIRST_ROUND_S = 5.0
 """How long `start` waits for the peers in view at that time to answer (honest ones take ms)."""
 MAX_IN_FLIGHT = 16
@@ -51,6 +53,8 @@ class Probation:
         self._backoff: dict[str, float] = {}
         self._in_flight: set[str] = set()
         self._suspected: set[str] = set()
+        self._known_alive: set[str] = set()
+        """Peers vouched for at some time (forgotten with the rest, `forget`)."""
         self._last_candidate: dict[str, float] = {}
         self.failed = 0
         """Probes that found nobody (over the run)."""
@@ -76,11 +80,15 @@ class Probation:
         self._in_flight.discard(peer)
         if alive:
             self.vouched.add(peer)
+            self._known_alive.add(peer)
             self._retry_at.pop(peer, None)
             self._backoff.pop(peer, None)
             return
         self.failed += 1
-        wait_s = min(MAX_RETRY_S, 2 * self._backoff.get(peer, FIRST_RETRY_S / 2))
+        # a peer that answered before (cut off, restarted) is back soon after it is reachable
+        # again; only ids never seen alive, the phantoms among them, wait up to MAX_RETRY_S
+        cap_s = RETURNING_MAX_S if peer in self._known_alive else MAX_RETRY_S
+        wait_s = min(cap_s, 2 * self._backoff.get(peer, FIRST_RETRY_S / 2))
         self._backoff[peer] = wait_s
         self._retry_at[peer] = self.clock() + wait_s
 
@@ -88,6 +96,7 @@ class Probation:
         """`peers` exchanged messages with this one (took one, or sent one): they run."""
         for peer in peers - self._suspected:
             self.vouched.add(peer)
+            self._known_alive.add(peer)
             self._retry_at.pop(peer, None)
             self._backoff.pop(peer, None)
 
@@ -106,6 +115,7 @@ class Probation:
             for peer in stale & set(table):
                 del table[peer]
         self.vouched -= stale
+        self._known_alive -= stale
 
     @property
     def in_flight(self) -> int:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import itertools
 
-from p2p_trainer.net.probation import FIRST_RETRY_S, FORGET_AFTER_S, MAX_IN_FLIGHT, MAX_RETRY_S, Probation
+from p2p_trainer.net.probation import (
+    FIRST_RETRY_S,
+    FORGET_AFTER_S,
+    MAX_IN_FLIGHT,
+    MAX_RETRY_S,
+    RETURNING_MAX_S,
+    Probation,
+)
 
 
 class Clock:
@@ -98,3 +105,17 @@ def test_probes_at_once_are_capped_and_newcomers_go_first() -> None:
     assert p.failed == len(phantoms)
     clock.t += MAX_RETRY_S  # every phantom is due again, but a newcomer is probed first
     assert p.due(phantoms | {"zz-newcomer"}, set())[0] == "zz-newcomer"
+
+
+def test_a_peer_that_answered_before_is_retried_soon_after_a_partition() -> None:
+    clock = Clock()
+    p = Probation(clock)
+    p.due({"friend"}, set())
+    p.answered("friend", alive=True)
+    p.suspect({"friend"})  # cut off: its sends fail, and so do its probes, many times
+    for _ in range(10):
+        clock.t += 100.0
+        assert p.due({"friend"}, set()) == ["friend"]
+        p.answered("friend", alive=False)
+    clock.t += RETURNING_MAX_S  # healed: probed again within a few seconds, not a minute
+    assert p.due({"friend"}, set()) == ["friend"]

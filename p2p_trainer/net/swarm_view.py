@@ -391,7 +391,10 @@ class SwarmView:
         """Peers whose heartbeat still says round 0 (starting, or downloading the swarm's state
         after a restart) once this peer has trained for a few heartbeat periods: they cannot be
         in this round's exchanges, and a group waiting for them would only time out. Before
-        that, round 0 is just the heartbeats' lag at the start of a swarm."""
+        that, round 0 is just the heartbeats' lag at the start of a swarm. Only a heartbeat from
+        the last two periods says a peer is at round 0 now: an older one is this view's lag (a DHT
+        store that waits out a stalled node holds up the refresh), and taken as news it would
+        drop every peer that was at round 0 when the view last read the swarm."""
         if self.status.round == 0:
             return set()
         now = time.monotonic()
@@ -399,7 +402,12 @@ class SwarmView:
             self._training_since = now
         if now - self._training_since <= 3 * self.period_s:
             return set()
-        return {h.peer_id for h in beats if h.round == 0 and h.peer_id != self.node.peer_id}
+        fresh_after = records.now() - 2 * self.period_s
+        return {
+            h.peer_id
+            for h in beats
+            if h.round == 0 and h.peer_id != self.node.peer_id and h.timestamp >= fresh_after
+        }
 
     def _dead_here(self, beats: list[records.Heartbeat]) -> set[str]:
         """This peer's suspects that have not published a heartbeat since it suspected them: a

@@ -269,3 +269,23 @@ def test_a_report_must_postdate_the_suspects_heartbeat_by_a_margin_and_not_by_a_
     # nobody reports this peer or itself dead to it
     selfish = heartbeat(PEER_B, timestamp=now, suspects=(PEER_B, PEER_E))
     assert reported_dead([selfish], PEER_E, now + 100.0, margin_s=3.0) == set()
+
+
+def test_only_a_fresh_round_zero_heartbeat_marks_a_peer_as_joining(dht: hivemind.DHT) -> None:
+    """A peer still at round 0 once this one has trained a while is joining (left out of groups);
+    a round-0 heartbeat two periods old is only this view's lag, and must not empty the view."""
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, period_s = PEER_G, 60.0
+    now = records.now()
+    publish(dht, "joining", heartbeat(PEER_A, round=0, timestamp=now), ttl_s=30)
+    publish(dht, "joining", heartbeat(PEER_B, round=0, timestamp=now - 2.5 * period_s), ttl_s=30)
+    publish(dht, "joining", heartbeat(PEER_C, round=7, timestamp=now), ttl_s=30)
+    view = SwarmView(_Node(dht, me), "joining", period_s=period_s, ttl_s=8.0)  # type: ignore[arg-type]
+    try:
+        view.enter_round(8)
+        assert view.live_peers() == sorted([PEER_A, PEER_B, PEER_C, me])  # just started training
+        view._training_since = time.monotonic() - 4 * period_s  # trained for four periods
+        assert view.live_peers() == sorted([PEER_B, PEER_C, me])
+    finally:
+        view.close()

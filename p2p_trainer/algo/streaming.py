@@ -27,6 +27,7 @@ state adopted from a donor vouches for none.
 from __future__ import annotations
 
 import concurrent.futures
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -94,11 +95,10 @@ class StreamingDiLoCo(DiLoCo):
         peer's: their φ_p and m_p are equal on every member since."""
         self._vouched_in: OuterState | None = None
         """The state they belong to: an adopted one (a rejoin) vouches for no fragment."""
-        self._hashing: (
-            tuple[concurrent.futures.Future[bytes], list[torch.Tensor], list[torch.Tensor]] | None
-        ) = None
-        """This round's fragment digest, taken behind the inner steps, and the anchor and momentum
-        lists it read (a re-agreement or an adopted state replaces them, and the digest with it)."""
+        self._hashing: tuple[concurrent.futures.Future[bytes], list[torch.Tensor]] | None = None
+        """This round's fragment digest, taken behind the inner steps, and the fragment's anchor
+        and momentum tensors it read (a re-agreement, an adopted state or a landing of this
+        fragment puts new tensors in their place, and the digest is taken again)."""
 
     def begin_round(self, state: OuterState, weight: float) -> None:
         super().begin_round(state, weight)
@@ -112,7 +112,7 @@ class StreamingDiLoCo(DiLoCo):
             self._fragments = split_fragments([a.numel() for a in state.anchor], self.cfg.fragments)
         chosen = self._fragments[p]
         tensors = [state.anchor[i] for i in chosen] + [state.momentum[i] for i in chosen]
-        self._hashing = (self._hash_behind(state.round, tensors), state.anchor, state.momentum)
+        self._hashing = (self._hash_behind(state.round, tensors), tensors)
 
     def _fragment_digest(
         self,
@@ -120,17 +120,19 @@ class StreamingDiLoCo(DiLoCo):
         anchor: list[torch.Tensor],
         momentum: list[torch.Tensor],
         chosen: list[int],
-        hashed_from: tuple[list[torch.Tensor], list[torch.Tensor]],
     ) -> bytes:
         """The digest of round `rnd`'s fragment: the one taken behind the inner steps if it read
-        these very tensors (`hashed_from`: the round's anchor and momentum lists), else hashed now."""
+        these very tensors, else hashed now. Tensors, not lists, are compared: an early landing
+        (`land`) gives the state new lists that still hold this fragment's tensors."""
+        tensors = [anchor[i] for i in chosen] + [momentum[i] for i in chosen]
+        hashed = self._hashing[1] if self._hashing is not None else []
         if (
             self._hashing is not None
-            and self._hashing[1] is hashed_from[0]
-            and self._hashing[2] is hashed_from[1]
+            and len(hashed) == len(tensors)
+            and all(map(operator.is_, hashed, tensors))
         ):
             return self._hashing[0].result()
-        return state_digest(rnd, [anchor[i] for i in chosen] + [momentum[i] for i in chosen])
+        return state_digest(rnd, tensors)
 
     def end_round(
         self, params: list[torch.Tensor], state: OuterState, weight: float, report: RoundReport
@@ -143,7 +145,6 @@ class StreamingDiLoCo(DiLoCo):
             self._vouched_in = state
         fast = [p.detach().float().clone() for p in params]
         anchor, momentum = self._mixed_state(state, report)
-        hashed_from = (anchor, momentum)  # the state's own lists unless a re-agreement landed
         if anchor is not state.anchor:  # a re-agreement landed: keep the local progress on top of it
             fast = [f + (a - a0) for f, a, a0 in zip(fast, anchor, state.anchor, strict=True)]
         anchor, momentum = list(anchor), list(momentum)
@@ -155,7 +156,7 @@ class StreamingDiLoCo(DiLoCo):
         delta = [anchor[i] - fast[i] for i in chosen]
         digest = b""
         if self._vouching(state.round):
-            digest = self._fragment_digest(state.round, anchor, momentum, chosen, hashed_from)
+            digest = self._fragment_digest(state.round, anchor, momentum, chosen)
         self._hashing = None
         if cfg.overlaps_outer_step:
             snapshot = [fast[i].clone() for i in chosen]

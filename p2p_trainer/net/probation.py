@@ -59,7 +59,7 @@ class Probation:
         self.failed = 0
         """Probes that found nobody (over the run)."""
 
-    def due(self, candidates: set[str], exempt: set[str], hurry: Set[str] = frozenset()) -> list[str]:
+    def due(self, candidates: set[str], hurry: Set[str] = frozenset()) -> list[str]:
         """The candidates to probe now, at most `MAX_IN_FLIGHT` in flight (each until `answered`).
         `hurry`: peers with fresh evidence of a running host (they probed this one), probed first
         and at once; then peers never probed, in random order (an attacker cannot choose ids that
@@ -67,7 +67,7 @@ class Probation:
         now = self.clock()
         for peer in candidates:
             self._last_candidate[peer] = now
-        open_ = candidates - self.vouched - exempt - self._in_flight
+        open_ = candidates - self.vouched - self._in_flight
         for peer in hurry & open_:
             self._retry_at.pop(peer, None)
         ready = [p for p in open_ if self._retry_at.get(p, 0.0) <= now]
@@ -170,7 +170,7 @@ class Prober:
             self.probation.suspect(suspects)
             self.probation.vouch(heard & candidates)
             self.probation.forget(candidates)
-            todo = self.probation.due(candidates, set(), hurry=hellos)
+            todo = self.probation.due(candidates, hurry=hellos)
         return [self._probe(peer) for peer in todo]
 
     def _probe(self, peer: str) -> concurrent.futures.Future[bool]:

@@ -288,3 +288,48 @@ def test_an_early_landing_waits_for_nothing_and_lands_once_the_mean_is_in() -> N
     time.sleep(0.35)
     assert method.ready_to_land(state) and method.land(params, state, RoundReport(1))
     assert torch.equal(state.anchor[0], torch.full((4,), -0.5))
+
+
+def test_an_early_landing_keeps_the_fragment_digest_taken_behind_the_inner_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rounds 4–6 carry fragment digests (re-agreement every 8 rounds, P = 2), each taken behind
+    the round's inner steps. A landing early in the round steps the other fragment only: the
+    digest taken behind stands (none is taken again at the round's end) and is the one of the
+    fragment as sent."""
+    from p2p_trainer.algo import methods, streaming
+
+    cfg = OuterConfig.for_method(
+        "diloco", fragments=2, overlap=True, outer_lr=1.0, outer_momentum=0.0, reagree_every=8
+    )
+    partner = _Partner()
+    sent: list[tuple[int, bytes]] = []
+    mean = partner._mean
+
+    def recording(tensors: list[torch.Tensor], request: ExchangeRequest) -> Ok:
+        sent.append((request.round, request.state_digest))
+        return mean(tensors, request)
+
+    partner._mean = recording  # type: ignore[method-assign]
+    method = build_method(cfg, partner, xcfg=ExchangeConfig())  # type: ignore[arg-type]
+    taken_at_the_end: list[int] = []
+
+    def counted(rnd: int, tensors: list[torch.Tensor]) -> bytes:
+        taken_at_the_end.append(rnd)
+        return methods.state_digest(rnd, tensors)
+
+    monkeypatch.setattr(streaming, "state_digest", counted)
+    params = [torch.zeros(4), torch.zeros(4)]
+    state = OuterState.from_params(params)
+    expected: dict[int, bytes] = {}
+    for rnd in range(7):
+        method.begin_round(state, 1.0)
+        _train(params, 0.25)
+        assert method.land(params, state, RoundReport(rnd)) == (rnd > 0)
+        chosen = rnd % 2
+        expected[rnd] = methods.state_digest(rnd, [state.anchor[chosen], state.momentum[chosen]])
+        _train(params, 1.0)
+        method.end_round(params, state, 1.0, RoundReport(rnd))
+    assert taken_at_the_end == []
+    assert [r for r, d in sent if d] == [4, 5, 6]
+    assert all(d == expected[r] for r, d in sent if d)

@@ -6,6 +6,7 @@ NAT can dial out but cannot be dialled (test_nat.py checks the testbed for that)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -126,10 +127,15 @@ def test_with_relay_off_two_nats_cannot_exchange_and_say_so(
         assert "through relays" not in swarm.log(i)
 
 
-def _line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+def _line(proc: subprocess.Popen[str], err_log: Path) -> dict[str, Any]:
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert line.startswith("{"), (line, proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
+    if not line.startswith("{"):
+        # an app that printed nothing has exited or is exiting: say how, and what it logged
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        tail = err_log.read_text(errors="replace")[-3000:] if err_log.exists() else ""
+        raise AssertionError(f"relay_rate.py printed {line!r}, exit status {proc.poll()}; its log:\n{tail}")
     return dict(json.loads(line))
 
 
@@ -144,15 +150,21 @@ def _relay_rate(tb: Testbed, tmp_path: Path, sender: str, receiver: str, n_bytes
                   stderr=boot_log, text=True)  # fmt: skip
     ids = {h: load_or_create_identity(tmp_path / f"{h}.key").peer_id for h in (sender, receiver)}
     procs: list[subprocess.Popen[str]] = []
+    logs: dict[int, Path] = {}
     try:
         initial_peer = read_initial_peers(boot, tmp_path / "bootstrap.log", 90).split()[1]
 
         def start(host: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
             argv = [sys.executable, str(RELAY_RATE_APP), *args, "--identity", str(tmp_path / f"{host}.key")]
             argv += ["--host", tb.address(host), "--initial-peer", initial_peer]
-            proc = tb.run(host, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            err_log = tmp_path / f"{host}.log"
+            with open(err_log, "w") as err:
+                proc = tb.run(
+                    host, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+                )
             procs.append(proc)
-            ready = _line(proc)
+            logs[proc.pid] = err_log
+            ready = _line(proc, err_log)
             assert ready["ready"]
             return proc, ready
 
@@ -161,9 +173,9 @@ def _relay_rate(tb: Testbed, tmp_path: Path, sender: str, receiver: str, n_bytes
         kept: dict[str, Any] = {}
         if "--keep" in recv_args:
             _tell(recv)
-            kept = _line(recv)
+            kept = _line(recv, logs[recv.pid])
         _tell(send)
-        sent, got = _line(send), _line(recv)
+        sent, got = _line(send, logs[send.pid]), _line(recv, logs[recv.pid])
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -184,11 +184,21 @@ HARM: dict[str, Harm] = {
 }
 
 
+HARMLESS_UNDEFENDED = {"replay"}
+"""Attacks that the view resists with the defences off: a replayed heartbeat keeps the time it
+was first published, and only a round-0 heartbeat from the last two heartbeat periods marks a peer
+as joining (`SwarmView._joining`), so honest peers' first heartbeats, stored again, leave nobody
+out."""
+
+
 @pytest.mark.bench
 @pytest.mark.parametrize("name", [_arm(name, bench=True) for name in ATTACKS])
 def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, request: pytest.FixtureRequest) -> None:
     clean = _baseline(name, request)
     out = _attacked(tmp_path, name, False, clean)
+    if name in HARMLESS_UNDEFENDED:
+        assert not HARM[name](out, clean), f"the view no longer resists it: {out.row(clean.mean_loss)}"
+        return
     assert HARM[name](out, clean), f"the attack did no measurable harm: {out.row(clean.mean_loss)}"
 
 

@@ -125,13 +125,10 @@ class StreamingDiLoCo(DiLoCo):
         these very tensors, else hashed now. Tensors, not lists, are compared: an early landing
         (`land`) gives the state new lists that still hold this fragment's tensors."""
         tensors = [anchor[i] for i in chosen] + [momentum[i] for i in chosen]
-        hashed = self._hashing[1] if self._hashing is not None else []
-        if (
-            self._hashing is not None
-            and len(hashed) == len(tensors)
-            and all(map(operator.is_, hashed, tensors))
-        ):
-            return self._hashing[0].result()
+        if self._hashing is not None:
+            digest, hashed = self._hashing
+            if len(hashed) == len(tensors) and all(map(operator.is_, hashed, tensors)):
+                return digest.result()
         return state_digest(rnd, tensors)
 
     def end_round(

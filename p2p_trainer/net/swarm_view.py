@@ -91,6 +91,14 @@ RECONNECT_LOG_S = 30.0
 """While no peer is in view, the ping results are logged when they change or this often."""
 
 
+def at_round_zero(beats: list[records.Heartbeat], now: float, period_s: float) -> set[str]:
+    """Peers whose heartbeat from the last two periods (`period_s` each) says round 0. An older
+    round-0 heartbeat is the reader's lag, not news: a DHT store that waits out a stalled node
+    holds up a view's refresh, and a view that kept what it read at a swarm's start would take
+    every peer for one still joining."""
+    return {h.peer_id for h in beats if h.round == 0 and h.timestamp >= now - 2 * period_s}
+
+
 def reported_dead(beats: list[records.Heartbeat], self_id: str, now: float, margin_s: float) -> set[str]:
     """Peers named as suspects in a heartbeat more than `margin_s` newer than their own newest one
     (never this peer).
@@ -391,10 +399,8 @@ class SwarmView:
         """Peers whose heartbeat still says round 0 (starting, or downloading the swarm's state
         after a restart) once this peer has trained for a few heartbeat periods: they cannot be
         in this round's exchanges, and a group waiting for them would only time out. Before
-        that, round 0 is just the heartbeats' lag at the start of a swarm. Only a heartbeat from
-        the last two periods says a peer is at round 0 now: an older one is this view's lag (a DHT
-        store that waits out a stalled node holds up the refresh), and taken as news it would
-        drop every peer that was at round 0 when the view last read the swarm."""
+        that, round 0 is just the heartbeats' lag at the start of a swarm (`at_round_zero`: only
+        a recent heartbeat says so)."""
         if self.status.round == 0:
             return set()
         now = time.monotonic()
@@ -402,12 +408,7 @@ class SwarmView:
             self._training_since = now
         if now - self._training_since <= 3 * self.period_s:
             return set()
-        fresh_after = records.now() - 2 * self.period_s
-        return {
-            h.peer_id
-            for h in beats
-            if h.round == 0 and h.peer_id != self.node.peer_id and h.timestamp >= fresh_after
-        }
+        return at_round_zero(beats, records.now(), self.period_s) - {self.node.peer_id}
 
     def _dead_here(self, beats: list[records.Heartbeat]) -> set[str]:
         """This peer's suspects that have not published a heartbeat since it suspected them: a

@@ -23,7 +23,7 @@ import torch
 from p2p_trainer.config import RunConfig
 from p2p_trainer.fault_points import FaultInjector, FaultPoint
 from p2p_trainer.logs import CONTEXT
-from p2p_trainer.net import behind_nat
+from p2p_trainer.net import behind_nat, records
 from p2p_trainer.net.admission import Admission, InvitationError, check_entry
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.data_plane import start_data_plane
@@ -35,7 +35,7 @@ from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.serve_limits import ServeLimits
 from p2p_trainer.net.state_sync import StateServer
 from p2p_trainer.net.swarm_entry import join_swarm
-from p2p_trainer.net.swarm_view import PeerStatus, SwarmView
+from p2p_trainer.net.swarm_view import PeerStatus, SwarmView, at_round_zero
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import DropCount, FinalRecord, ResumeRecord, StartRecord
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
@@ -115,10 +115,10 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
     """Live peers that do work (§6), for sizing this peer's share of a constant-work round.
 
     Left out: peers a failed send (here or at a peer whose heartbeat says so) marked suspect, and peers
-    still joining: reporting round 0 while this one has trained for longer than a few heartbeat
-    periods (before that, round 0 is just the heartbeats' lag at the start of a swarm). The clock
-    starts at the first call, i.e. when training starts: the wait for the other peers and a late
-    join's download come before it and say nothing about the heartbeats' lag.
+    still joining: reporting round 0 (`at_round_zero`) while this one has trained for longer than a
+    few heartbeat periods (before that, round 0 is just the heartbeats' lag at the start of a
+    swarm). The clock starts at the first call, i.e. when training starts: the wait for the other
+    peers and a late join's download come before it and say nothing about the heartbeats' lag.
     """
     started: list[float] = []
 
@@ -127,8 +127,10 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
             started.append(time.monotonic())
         settled = view.status.round > 0 and time.monotonic() - started[0] > 3 * period_s
         beats = view.heartbeats()
-        suspects = health.suspects() | view.reported_dead(beats)
-        return [h.peer_id for h in beats if h.peer_id not in suspects and (h.round > 0 or not settled)]
+        left_out = health.suspects() | view.reported_dead(beats)
+        if settled:
+            left_out |= at_round_zero(beats, records.now(), period_s)
+        return [h.peer_id for h in beats if h.peer_id not in left_out]
 
     return live
 

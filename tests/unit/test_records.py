@@ -289,3 +289,31 @@ def test_only_a_fresh_round_zero_heartbeat_marks_a_peer_as_joining(dht: hivemind
         assert view.live_peers() == sorted([PEER_B, PEER_C, me])
     finally:
         view.close()
+
+
+def test_constant_work_counts_a_peer_out_only_by_a_fresh_round_zero_heartbeat() -> None:
+    """The peers a constant-work round is shared among (`join._training_peers`) leave out a
+    joiner, as the view does, and by the same rule (`at_round_zero`): a round-0 heartbeat older
+    than two periods is the view's lag, and that peer still counts."""
+    from types import SimpleNamespace
+
+    from p2p_trainer.net.health import PeerHealth
+    from p2p_trainer.net.swarm_view import at_round_zero
+    from p2p_trainer.run.join import _training_peers
+
+    period_s = 0.1
+
+    def beats() -> list[Heartbeat]:
+        now = records.now()
+        return [
+            heartbeat(PEER_A, round=0, timestamp=now),  # joining
+            heartbeat(PEER_B, round=0, timestamp=now - 10 * period_s),  # an old read
+            heartbeat(PEER_C, round=7, timestamp=now),
+        ]
+
+    assert at_round_zero(beats(), records.now(), period_s) == {PEER_A}
+    view = SimpleNamespace(status=SimpleNamespace(round=8), heartbeats=beats, reported_dead=lambda _b: set())
+    live = _training_peers(view, PeerHealth(), period_s)  # type: ignore[arg-type]
+    assert live() == [PEER_A, PEER_B, PEER_C]  # just started training: round 0 is the heartbeats' lag
+    time.sleep(4 * period_s)
+    assert live() == [PEER_B, PEER_C]

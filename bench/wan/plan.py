@@ -54,6 +54,13 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
             DEFAULT_METHOD,
             {"overlap": True, "land_at_step": LAND_AT},
         ),
+        # the same with round alignment: with no barrier, round starts drift apart and the group's
+        # all-reduce waits for its last member; a peer that starts late leaves out steps instead
+        Variant(
+            f"default-land{LAND_AT}-align",
+            DEFAULT_METHOD,
+            {"overlap": True, "land_at_step": LAND_AT, "align_rounds": True},
+        ),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]
     out += [

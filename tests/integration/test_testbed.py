@@ -50,12 +50,12 @@ def _assert_instance_gone(name: str, cgroup_path: Path | None, pids: set[int]) -
     assert not [pid for pid in pids if tb_processes.is_alive(pid)]
 
 
-@pytest.mark.timeout(30)
 def _congestion_control(namespace: str) -> str:
     argv = ["ip", "netns", "exec", namespace, "sysctl", "-n", "net.ipv4.tcp_congestion_control"]
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.timeout(30)
 def test_hosts_reach_each_other_over_tcp(testbed_factory: TestbedFactory) -> None:
     tb = testbed_factory(TestbedConfig(hosts=uniform_hosts(2, rate_mbit=None, cpu_cores=None)))
     assert tb.address("h0") != tb.address("h1")

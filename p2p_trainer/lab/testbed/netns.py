@@ -24,6 +24,8 @@ _CMD_TIMEOUT_S = 10.0
 NETNS_RUN_DIR = Path("/var/run/netns")
 """Where `ip netns` binds named namespaces."""
 RELAY_PATH = Path(__file__).with_name("relay.py")
+ALLOWED_CONGESTION_CONTROL = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+AVAILABLE_CONGESTION_CONTROL = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 
 
 class NetnsError(RuntimeError):
@@ -57,6 +59,22 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in run_cmd(["ip", "netns", "list"]).splitlines() if line.strip()]
 
 
+def allow_congestion_control(algorithm: str) -> None:
+    """Let namespaces pick `algorithm`: outside the root namespace the kernel refuses, even to root,
+    any algorithm missing from the machine's allowed list, which often holds only the default and
+    reno. Adds it there if the kernel has it loaded; otherwise leaves the list, and setting it then
+    fails with `add_namespace`'s message."""
+    try:
+        allowed = ALLOWED_CONGESTION_CONTROL.read_text().split()
+        if algorithm in allowed or algorithm not in AVAILABLE_CONGESTION_CONTROL.read_text().split():
+            return
+        ALLOWED_CONGESTION_CONTROL.write_text(" ".join([*allowed, algorithm]))
+    except OSError as exc:
+        logger.warning("cannot allow TCP congestion control %r in namespaces: %s", algorithm, exc)
+        return
+    logger.info("allowed TCP congestion control %r in network namespaces", algorithm)
+
+
 def add_namespace(name: str, congestion_control: str = "") -> None:
     """A new namespace with `lo` up and IPv6 off: hosts speak IPv4 only, and the counters then
     carry no neighbour-discovery or multicast-listener chatter (~0.5 kB/s per host otherwise).
@@ -64,6 +82,7 @@ def add_namespace(name: str, congestion_control: str = "") -> None:
     run_cmd(["ip", "netns", "add", name])
     run_cmd(["ip", "-n", name, "link", "set", "lo", "up"])
     if congestion_control:
+        allow_congestion_control(congestion_control)
         setting = f"net.ipv4.tcp_congestion_control={congestion_control}"
         try:
             run_cmd(["ip", "netns", "exec", name, "sysctl", "-q", "-w", setting])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
 
-SCHEMA = 3
+SCHEMA = 4
 """The schema version every line is written with; bump it whenever a field changes."""
 LEGACY = 0
 """The version of lines that carry no `schema` field (written before records were versioned)."""
@@ -259,6 +259,9 @@ class RoundRecord(_Line):
     """Inner steps of the round this peer did not run in it: left out because it adopted a state
     mid-round or aligned its round start with the swarm's, or done before a mid-round stop (and
     not redone when the round resumed)."""
+    landed_at_step: int | None = None
+    """Inner steps of this round done when the exchange running behind it was applied
+    (`outer.land_at_step`; from schema 4); None: it was applied at the round's end, or none ran."""
     bytes_sent: int = 0
     bytes_received: int = 0
     exchanges: tuple[ExchangeRecord, ...] = ()

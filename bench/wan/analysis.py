@@ -153,6 +153,31 @@ def _peer_stats(
     return stats, blocked, ratios
 
 
+def _complete_groups(
+    peers_rounds: list[list[RoundRecord]], window_s: float
+) -> list[tuple[str, int, list[tuple[float, float]]]]:
+    """Every group exchange within the window whose members all recorded it, lined up on the
+    clock the bench's peers share (`started_unix`) under the group key they share: (tag, group
+    size, each member's (start, end)). Exchanges that left a member out are skipped."""
+    by_key: dict[str, list[tuple[str, int, float, float]]] = {}
+    for rounds in peers_rounds:
+        for r in rounds:
+            if r.time_s > window_s:
+                continue
+            for e in r.exchanges:
+                if e.ok and e.group and e.started_unix:
+                    by_key.setdefault(e.group, []).append(
+                        (e.tag, e.group_size, e.started_unix, e.started_unix + e.elapsed_s)
+                    )
+    out = []
+    for members in by_key.values():
+        tag, g = members[0][0], members[0][1]
+        if g < 2 or len(members) != g or any(m[1] != g for m in members):
+            continue
+        out.append((tag, g, [(m[2], m[3]) for m in members]))
+    return out
+
+
 def group_transfer_ratios(
     peers_rounds: list[list[RoundRecord]],
     window_s: float,
@@ -165,27 +190,36 @@ def group_transfer_ratios(
 
     A peer's own `elapsed_s` also counts the wait for members that reached the exchange later
     (compute skew: blocked time, reported as such). Here the exchange is timed from the moment the
-    whole group was in it, by lining the members' records up on the clock the bench's peers share
-    (`started_unix`) under the group key they share. Exchanges that left a member out are skipped.
+    whole group was in it.
     """
-    by_key: dict[str, list[tuple[str, int, float, float]]] = {}
-    for rounds in peers_rounds:
-        for r in rounds:
-            if r.time_s > window_s:
-                continue
-            for e in r.exchanges:
-                if e.ok and e.group and e.started_unix:
-                    by_key.setdefault(e.group, []).append(
-                        (e.tag, e.group_size, e.started_unix, e.started_unix + e.elapsed_s)
-                    )
     out: dict[str, list[float]] = {}
-    for members in by_key.values():
-        tag, g = members[0][0], members[0][1]
-        if g < 2 or len(members) != g or any(m[1] != g for m in members):
-            continue
-        span = max(m[3] for m in members) - max(m[2] for m in members)
+    for tag, g, members in _complete_groups(peers_rounds, window_s):
+        span = max(end for _, end in members) - max(start for start, _ in members)
         out.setdefault(tag, []).append(span / bound_s(g, num_params, rate_mbit, value_bytes))
     return out
+
+
+def group_start_skew(peers_rounds: list[list[RoundRecord]], window_s: float) -> dict[str, list[float]]:
+    """Per tag, each complete group exchange's start skew: its last member's start minus its first
+    member's. A blocking exchange's wait brings its members back into phase; an overlapped one
+    has no such wait, and the skew is time its early members wait for their result."""
+    out: dict[str, list[float]] = {}
+    for tag, _, members in _complete_groups(peers_rounds, window_s):
+        starts = [start for start, _ in members]
+        out.setdefault(tag, []).append(max(starts) - min(starts))
+    return out
+
+
+def landing_steps(peers_rounds: list[list[RoundRecord]], window_s: float) -> dict[str, float | None]:
+    """Where overlapped exchanges landed (`outer.land_at_step`): the mean inner step of the rounds
+    that landed one inside the round, and the share of rounds that did (None: no round landed)."""
+    rounds = [r for peer in peers_rounds for r in peer if r.time_s <= window_s and r.round > 0]
+    steps = [r.landed_at_step for r in rounds if r.landed_at_step is not None]
+    return {
+        "mean": statistics.fmean(steps) if steps else None,
+        "p90": pctl([float(s) for s in steps], 0.9),
+        "share_of_rounds": len(steps) / len(rounds) if rounds else None,
+    }
 
 
 def run_stats(
@@ -252,6 +286,11 @@ def run_stats(
                 peers_rounds, budget_s, rate_mbit, num_params, value_bytes
             ).items()
         },
+        "start_skew_s": {
+            tag: {"p50": pctl(v, 0.5), "p90": pctl(v, 0.9), "n": len(v)}
+            for tag, v in group_start_skew(peers_rounds, budget_s).items()
+        },
+        "landed_at_step": landing_steps(peers_rounds, budget_s),
         "failed_exchanges": sum(p["failed_exchanges"] for p in per_peer),
         "partial_merges": sum(p["partial_merges"] for p in per_peer),
         "exchanges": sum(p["exchanges"] for p in per_peer),

@@ -38,8 +38,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "| method | val loss at equal time | at equal tokens | final | tokens | utilisation | compute s/step "
         "| blocked/round p50 / p95 / max (s) | MB sent/peer | bytes vs theory | exchange / bound (p50): "
-        "per peer; whole group in | consensus dist. | rounds (min) | time to DiLoCo's final (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "per peer; whole group in | start skew p50 (s) | landed at step | consensus dist. | rounds (min) "
+        "| time to DiLoCo's final (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v, s in summary.items():
         tr = s.get("transfer_time_vs_bound", {})
@@ -47,13 +48,15 @@ def markdown(results: dict[str, Any]) -> str:
             f"{t} {_f(r, '.2f')}; {_f(tr.get(t), '.2f')}"
             for t, r in s.get("exchange_time_vs_bound", {}).items()
         )
+        skew = ", ".join(f"{t} {_f(x, '.2f')}" for t, x in s.get("start_skew_s", {}).items())
         lines.append(
             f"| {v} | {_s(s, 'loss_at_equal_time')} | {_s(s, 'loss_at_equal_tokens')} "
             f"| {_s(s, 'final_loss')} | {_s(s, 'final_tokens', '.3g')} | {_s(s, 'utilisation')} "
             f"| {_s(s, 'step_compute_s', '.2f')} "
             f"| {_s(s, 'blocked_p50_s', '.2f')} / {_s(s, 'blocked_p95_s', '.2f')} / "
             f"{_s(s, 'blocked_max_s', '.2f')} | {_s(s, 'tx_bytes_per_peer', '.1f', 1e-6)} "
-            f"| {_s(s, 'bytes_vs_theory')} | {ex or '-'} | {_s(s, 'consensus_distance', '.4f')} "
+            f"| {_s(s, 'bytes_vs_theory')} | {ex or '-'} | {skew or '-'} | {_s(s, 'landed_at_step', '.1f')} "
+            f"| {_s(s, 'consensus_distance', '.4f')} "
             f"| {s.get('rounds_min')} | {_s(s, 'time_to_diloco_final_s', '.0f')} |"
         )
     lines += ["", "| target | measured (median) | per report seed | bound | met |", "|---|---|---|---|---|"]

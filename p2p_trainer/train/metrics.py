@@ -34,6 +34,7 @@ def round_record(
         round_tokens=m.round_tokens,
         live_peers=m.live_peers,
         skipped_steps=m.skipped_steps,
+        landed_at_step=m.landed_at_step,
         bytes_sent=sum(e.bytes_sent for e in ex),
         bytes_received=sum(e.bytes_received for e in ex),
         exchanges=ex,

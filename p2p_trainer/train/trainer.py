@@ -58,6 +58,9 @@ class RoundMetrics:
     skipped_steps: int = 0
     """Inner steps this round left out (the peer adopted a state mid-round, or had done them
     before it stopped mid-round and was resumed)."""
+    landed_at_step: int | None = None
+    """Inner steps of this round done when the exchange running behind it was applied
+    (`outer.land_at_step`); None: at the round's end, or none ran."""
 
     @property
     def merged_with(self) -> int:
@@ -162,6 +165,7 @@ class Peer:
         losses = []
         first, self.skip_steps, self.work_done = self.skip_steps, 0, 0
         self.round_step = first
+        landed_at: int | None = None
         for s in range(first, self.cfg.outer.num_inner_steps):
             if should_stop():
                 self.skip_steps, self.work_done = s, self.work.done
@@ -174,6 +178,7 @@ class Peer:
             land_at = self.cfg.outer.land_at_step
             if land_at and self.round_step >= land_at and self.method.ready_to_land(self.state):
                 self._land(report)
+                landed_at = self.round_step
         compute_s = time.monotonic() - t_round - report.blocked_s
         fast = self.mirror.pull()  # θ where φ lives: on the host with offload
         self.method.end_round(fast, self.state, self._merge_weight(), report)  # exchange + outer step
@@ -192,6 +197,7 @@ class Peer:
             round_tokens=self.tokens - tokens_before,
             live_peers=self.work.live,
             skipped_steps=first,
+            landed_at_step=landed_at,
         )
         if (
             self.val

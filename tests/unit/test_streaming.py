@@ -266,6 +266,13 @@ def test_land_at_step_lands_inside_the_round_in_process() -> None:
     first = [h[0].train_loss for h in res.history]
     last = [h[-1].train_loss for h in res.history]
     assert all(b < a - 0.3 for a, b in zip(first, last, strict=True)), (first, last)
+    # the round records say where it landed: nothing runs behind round 0; later rounds land from
+    # step 2 on, before their end (H = 5)
+    landed = [[m.landed_at_step for m in h] for h in res.history]
+    assert all(peer[0] is None for peer in landed), landed
+    later = [step for peer in landed for step in peer[1:]]
+    assert all(step is None or 2 <= step < 5 for step in later), landed
+    assert sum(step is not None for step in later) >= len(later) // 2, landed
     with pytest.raises(ConfigError, match="land_at_step=-1"):
         OuterConfig.for_method("diloco", overlap=True, land_at_step=-1)
     # at or past the round's length it lands at the round's end: a shorter H set on the command

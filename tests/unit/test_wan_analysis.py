@@ -10,7 +10,9 @@ import torch
 from bench.wan.analysis import (
     add_exchange_bytes,
     consensus_distance,
+    group_start_skew,
     group_transfer_ratios,
+    landing_steps,
     loss_at_time,
     loss_at_tokens,
     pair_bytes,
@@ -113,6 +115,22 @@ def test_group_transfer_is_timed_from_the_last_members_start() -> None:
     # b left peer 1 out (group of 1 in its record), c failed on one side, d is past the window
     ratios = group_transfer_ratios(peers, window_s=50, rate_mbit=1.0, num_params=1000)
     assert ratios == {"mix1": [pytest.approx(0.064 / bound)]}
+    # the same complete exchanges give the start skew: a's members started 1 s apart, c failed
+    assert group_start_skew(peers, window_s=50) == {"mix1": [pytest.approx(1.0)]}
+
+
+def test_landing_steps_count_rounds_after_the_first_within_the_window() -> None:
+    def rnd(r: int, t: float, landed: int | None) -> RoundRecord:
+        return RoundRecord("p", t, t, r, r, 0, 1.0, None, 1.0, 0.0, 1.0, landed_at_step=landed)
+
+    # round 0 has nothing to land; the last round is past the window; one round landed at its end
+    peers = [[rnd(0, 1, None), rnd(1, 2, 5), rnd(2, 3, 7)], [rnd(0, 1, None), rnd(1, 2, None), rnd(2, 99, 9)]]
+    assert landing_steps(peers, window_s=50) == {"mean": 6.0, "p90": 7.0, "share_of_rounds": 2 / 3}
+    assert landing_steps([[rnd(0, 1, None)]], window_s=50) == {
+        "mean": None,
+        "p90": None,
+        "share_of_rounds": None,
+    }
 
 
 def test_exchange_bytes_leave_out_the_control_plane_the_independent_run_measured() -> None:

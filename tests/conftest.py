@@ -30,6 +30,16 @@ from p2p_trainer.run.launcher import LocalSwarm, local_options
 # --------------------------------------------------------------------------- helpers
 
 
+class ManualClock:
+    """A clock the test moves by hand (`clock.now += ...`), for code that takes a `clock` callable."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def tiny_config(method: str, rounds: int, h: int = 5, **exchange: Any) -> RunConfig:
     """A tiny model for multi-process tests; `exchange` overrides ExchangeConfig fields (of mixed
     types; ExchangeConfig checks each against its annotation)."""

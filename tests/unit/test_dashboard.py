@@ -19,20 +19,12 @@ from p2p_trainer.dashboard.poller import Poller
 from p2p_trainer.dashboard.server import API_PATH, DashboardPortError, DashboardServer
 from p2p_trainer.round_log import ExchangeRecord, RoundRecord
 from p2p_trainer.run.launcher import LOOPBACK, LocalOptions, check_dashboard_port
-from tests.conftest import tiny_config, wait_until
+from tests.conftest import ManualClock, tiny_config, wait_until
 
 A, B = (
     "12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAaaaa",
     "12D3KooWBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBbbbb",
 )
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def peer(pid: str, age_s: float, round_: int, loss: float | None = 3.0, tps: float = 100.0) -> dict[str, Any]:
@@ -61,7 +53,7 @@ def read(now: float, *peers: dict[str, Any], left: tuple[str, ...] = ()) -> dict
 
 
 def test_each_heartbeat_is_one_point_and_each_read_one_swarm_point() -> None:
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     history = SwarmHistory("s", clock=clock)
     assert history.snapshot()["state"] == "connecting"
     history.add_read(read(1000.5, peer(A, 0.5, 0, loss=None), peer(B, 0.2, 0)))
@@ -95,7 +87,7 @@ def test_each_heartbeat_is_one_point_and_each_read_one_swarm_point() -> None:
 
 
 def test_a_peer_that_left_keeps_its_curve_and_errors_show_until_the_next_read() -> None:
-    history = SwarmHistory("s", clock=Clock(1000.0))
+    history = SwarmHistory("s", clock=ManualClock(1000.0))
     history.add_read(read(1001.0, peer(A, 0.0, 1), peer(B, 0.0, 1)))
     history.add_read(read(1003.0, peer(A, 0.0, 2), left=(B,)))
     history.note_error("reading swarm 's' failed: timeout")
@@ -108,7 +100,7 @@ def test_a_peer_that_left_keeps_its_curve_and_errors_show_until_the_next_read() 
 
 
 def test_a_long_history_is_thinned_but_spans_the_whole_run() -> None:
-    history = SwarmHistory("s", max_points=8, clock=Clock(0.0))
+    history = SwarmHistory("s", max_points=8, clock=ManualClock(0.0))
     for i in range(1, 101):
         history.add_read(read(2.0 * i, peer(A, 0.0, i)))
     snap = history.snapshot()
@@ -157,7 +149,7 @@ def test_exchanges_come_from_the_run_directory_metrics_files(tmp_path: Path) -> 
         f.write(_metrics_line(A, 2, (ok,)))
     assert source.read().per_peer[A]["ok"] == 2
 
-    history = SwarmHistory("s", clock=Clock(1000.0))
+    history = SwarmHistory("s", clock=ManualClock(1000.0))
     history.add_read(read(1004.0, peer(A, 0.0, 2)))
     history.set_exchanges(source.read())
     snap = history.snapshot()

@@ -12,28 +12,21 @@ from p2p_trainer.net.probation import (
     RETURNING_MAX_S,
     Probation,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.conftest import ManualClock
 
 
 def test_a_peer_that_never_answers_is_probed_ever_less_often_and_never_vouched() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     p = Probation(clock)
     waits = []
     assert p.due({"ghost"}) == ["ghost"]
     for _ in range(12):
         assert p.due({"ghost"}) == []  # in flight: not probed twice at once
         p.answered("ghost", alive=False)
-        failed_at = clock.t
+        failed_at = clock.now
         while not p.due({"ghost"}):  # the next probe starts (in flight) once it is due
-            clock.t += 0.25
-        waits.append(clock.t - failed_at)
+            clock.now += 0.25
+        waits.append(clock.now - failed_at)
     assert waits[0] == FIRST_RETRY_S
     assert all(b >= a for a, b in itertools.pairwise(waits))
     assert max(waits) == MAX_RETRY_S and waits[-1] == MAX_RETRY_S
@@ -41,7 +34,7 @@ def test_a_peer_that_never_answers_is_probed_ever_less_often_and_never_vouched()
 
 
 def test_an_answer_vouches_until_a_send_fails() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     p = Probation(clock)
     assert sorted(p.due({"a", "b"})) == ["a", "b"]
     p.answered("a", alive=True)
@@ -59,7 +52,7 @@ def test_an_answer_vouches_until_a_send_fails() -> None:
 
 
 def test_messages_vouch_unless_suspected_and_a_probe_of_this_peer_is_answered_at_once() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     p = Probation(clock)
     p.suspect({"c"})
     p.vouch({"b", "c"})  # b and c exchanged messages with this peer; a send to c failed since
@@ -72,17 +65,17 @@ def test_messages_vouch_unless_suspected_and_a_probe_of_this_peer_is_answered_at
 
 
 def test_a_peer_out_of_view_is_forgotten_only_after_a_while() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     p = Probation(clock)
     p.due({"a", "ghost"})
     p.answered("a", alive=True)
     p.answered("ghost", alive=False)
     p.forget(keep=set())  # one read without their heartbeats is not news
     assert p.vouched == {"a"}
-    clock.t += FIRST_RETRY_S
+    clock.now += FIRST_RETRY_S
     assert p.due({"ghost"}) == ["ghost"]  # its backoff was kept
     p.answered("ghost", alive=False)
-    clock.t += FORGET_AFTER_S + 1
+    clock.now += FORGET_AFTER_S + 1
     p.forget(keep=set())
     assert p.vouched == set()
     assert p.due({"ghost"}) == ["ghost"]  # a stranger again, its backoff gone
@@ -91,7 +84,7 @@ def test_a_peer_out_of_view_is_forgotten_only_after_a_while() -> None:
 
 
 def test_probes_at_once_are_capped_and_newcomers_go_first() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     p = Probation(clock)
     phantoms = {f"phantom{i:03d}" for i in range(100)}
     first = p.due(phantoms)
@@ -103,19 +96,19 @@ def test_probes_at_once_are_capped_and_newcomers_go_first() -> None:
             p.answered(peer, alive=False)
         batch = p.due(phantoms)
     assert p.failed == len(phantoms)
-    clock.t += MAX_RETRY_S  # every phantom is due again, but a newcomer is probed first
+    clock.now += MAX_RETRY_S  # every phantom is due again, but a newcomer is probed first
     assert p.due(phantoms | {"zz-newcomer"})[0] == "zz-newcomer"
 
 
 def test_a_peer_that_answered_before_is_retried_soon_after_a_partition() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     p = Probation(clock)
     p.due({"friend"})
     p.answered("friend", alive=True)
     p.suspect({"friend"})  # cut off: its sends fail, and so do its probes, many times
     for _ in range(10):
-        clock.t += 100.0
+        clock.now += 100.0
         assert p.due({"friend"}) == ["friend"]
         p.answered("friend", alive=False)
-    clock.t += RETURNING_MAX_S  # healed: probed again within a few seconds, not a minute
+    clock.now += RETURNING_MAX_S  # healed: probed again within a few seconds, not a minute
     assert p.due({"friend"}) == ["friend"]

@@ -7,18 +7,11 @@ import pytest
 from p2p_trainer.config import ConfigError
 from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.net.serve_limits import MAX_SENDERS, ServeLimits
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.conftest import ManualClock
 
 
 def test_a_sender_gets_a_burst_then_the_refill_rate() -> None:
-    clock = _Clock()
+    clock = ManualClock(1000.0)
     limits = ServeLimits(per_minute=2, concurrent=10, clock=clock)
     for _ in range(2):
         assert limits.refusal("a", header_only=False) is None
@@ -26,20 +19,20 @@ def test_a_sender_gets_a_burst_then_the_refill_rate() -> None:
     why = limits.refusal("a", header_only=False)
     assert why is not None and "2 states per minute" in why and "retry in 30 s" in why
     assert limits.refusal("b", header_only=False) is None  # another sender has its own bucket
-    clock.t += 30.0  # half a minute refills one state
+    clock.now += 30.0  # half a minute refills one state
     assert limits.refusal("a", header_only=False) is None
     assert limits.refusal("a", header_only=False) is not None
 
 
 def test_header_only_requests_cost_a_tenth() -> None:
-    limits = ServeLimits(per_minute=1, concurrent=1, clock=_Clock())
+    limits = ServeLimits(per_minute=1, concurrent=1, clock=ManualClock(1000.0))
     for _ in range(10):
         assert limits.refusal("a", header_only=True) is None
     assert limits.refusal("a", header_only=True) is not None
 
 
 def test_concurrent_full_transfers_are_capped_over_all_senders() -> None:
-    limits = ServeLimits(per_minute=10, concurrent=2, clock=_Clock())
+    limits = ServeLimits(per_minute=10, concurrent=2, clock=ManualClock(1000.0))
     assert limits.refusal("a", header_only=False) is None
     assert limits.refusal("b", header_only=False) is None
     why = limits.refusal("c", header_only=False)
@@ -50,7 +43,7 @@ def test_concurrent_full_transfers_are_capped_over_all_senders() -> None:
 
 
 def test_the_senders_remembered_are_bounded() -> None:
-    limits = ServeLimits(per_minute=1, concurrent=10**6, clock=_Clock())
+    limits = ServeLimits(per_minute=1, concurrent=10**6, clock=ManualClock(1000.0))
     for i in range(MAX_SENDERS + 50):
         assert limits.refusal(f"p{i}", header_only=False) is None
     assert len(limits._buckets) == MAX_SENDERS

@@ -261,7 +261,8 @@ class RoundRecord(_Line):
     not redone when the round resumed)."""
     landed_at_step: int | None = None
     """Inner steps of this round done when the exchange running behind it was applied
-    (`outer.land_at_step`; from schema 4); None: it was applied at the round's end, or none ran."""
+    (`outer.land_at_step`; from schema 4); None: it was applied at the round's end, or none ran
+    (or it landed in the part of a round run before a mid-round stop)."""
     bytes_sent: int = 0
     bytes_received: int = 0
     exchanges: tuple[ExchangeRecord, ...] = ()

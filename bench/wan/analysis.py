@@ -211,8 +211,10 @@ def group_start_skew(peers_rounds: list[list[RoundRecord]], window_s: float) -> 
 
 
 def landing_steps(peers_rounds: list[list[RoundRecord]], window_s: float) -> dict[str, float | None]:
-    """Where overlapped exchanges landed (`outer.land_at_step`): the mean inner step of the rounds
-    that landed one inside the round, and the share of rounds that did (None: no round landed)."""
+    """Where overlapped exchanges landed (`outer.land_at_step`), over the rounds after the first
+    within the window: the mean and 90th percentile inner step of those that landed inside the
+    round (None: none did) and their share of the rounds (the others landed at the round's end,
+    or ran nothing behind them: 0.0 for a method without overlap; None: no rounds)."""
     rounds = [r for peer in peers_rounds for r in peer if r.time_s <= window_s and r.round > 0]
     steps = [r.landed_at_step for r in rounds if r.landed_at_step is not None]
     return {

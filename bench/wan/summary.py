@@ -58,7 +58,9 @@ def per_seed_values(
         row["exchange_time_vs_bound"] = st.get("exchange_time_vs_bound", {})
         row["transfer_time_vs_bound"] = st.get("transfer_time_vs_bound", {})
         row["start_skew_s"] = st.get("start_skew_s", {})
-        row["landed_at_step"] = (st.get("landed_at_step") or {}).get("mean")
+        landed = st.get("landed_at_step") or {}
+        row["landed_at_step"] = landed.get("mean")
+        row["landed_share"] = landed.get("share_of_rounds")
         row["throughput_vs_bare"] = tps / bare if tps and bare else None
         row["throughput_vs_independent"] = tps / tps_ind if tps and tps_ind else None
         for kind in ("mean_peer", "consensus", "best_peer"):
@@ -96,7 +98,6 @@ def summarise(
         for key in ("exchange_time_vs_bound", "transfer_time_vs_bound", "start_skew_s"):
             tags = sorted({t for r in rows for t in r[key]})
             s[key] = {t: median([r[key].get(t, {}).get("p50") for r in rows]) for t in tags}
-        s["landed_at_step"] = median([r["landed_at_step"] for r in rows])
         s["load_1min"] = [[r["load_before"][0], r["load_after"][0]] for r in rows if r.get("load_before")]
         s["per_seed"] = {sd: seeds_rows[sd][v] for sd in seeds if v in seeds_rows[sd]}
         summary[v] = s

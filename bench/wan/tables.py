@@ -38,7 +38,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "| method | val loss at equal time | at equal tokens | final | tokens | utilisation | compute s/step "
         "| blocked/round p50 / p95 / max (s) | MB sent/peer | bytes vs theory | exchange / bound (p50): "
-        "per peer; whole group in | start skew p50 (s) | landed at step | consensus dist. | rounds (min) "
+        "per peer; whole group in | start skew p50 (s) | landed at step, in share of rounds | consensus dist. | rounds (min) "
         "| time to DiLoCo's final (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -55,7 +55,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_s(s, 'step_compute_s', '.2f')} "
             f"| {_s(s, 'blocked_p50_s', '.2f')} / {_s(s, 'blocked_p95_s', '.2f')} / "
             f"{_s(s, 'blocked_max_s', '.2f')} | {_s(s, 'tx_bytes_per_peer', '.1f', 1e-6)} "
-            f"| {_s(s, 'bytes_vs_theory')} | {ex or '-'} | {skew or '-'} | {_s(s, 'landed_at_step', '.1f')} "
+            f"| {_s(s, 'bytes_vs_theory')} | {ex or '-'} | {skew or '-'} | {_s(s, 'landed_at_step', '.1f')} in {_s(s, 'landed_share', '.0%')} "
             f"| {_s(s, 'consensus_distance', '.4f')} "
             f"| {s.get('rounds_min')} | {_s(s, 'time_to_diloco_final_s', '.0f')} |"
         )

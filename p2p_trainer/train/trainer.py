@@ -60,7 +60,8 @@ class RoundMetrics:
     before it stopped mid-round and was resumed)."""
     landed_at_step: int | None = None
     """Inner steps of this round done when the exchange running behind it was applied
-    (`outer.land_at_step`); None: at the round's end, or none ran."""
+    (`outer.land_at_step`); None: at the round's end, or none ran (or it landed before a
+    mid-round stop, in the part of the round run before the stop)."""
 
     @property
     def merged_with(self) -> int:
@@ -178,7 +179,8 @@ class Peer:
             land_at = self.cfg.outer.land_at_step
             if land_at and self.round_step >= land_at and self.method.ready_to_land(self.state):
                 self._land(report)
-                landed_at = self.round_step
+                # after the round's last step the landing is the round's end's, recorded as such
+                landed_at = self.round_step if self.round_step < self.cfg.outer.num_inner_steps else None
         compute_s = time.monotonic() - t_round - report.blocked_s
         fast = self.mirror.pull()  # θ where φ lives: on the host with offload
         self.method.end_round(fast, self.state, self._merge_weight(), report)  # exchange + outer step

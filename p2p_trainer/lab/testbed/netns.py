@@ -59,20 +59,24 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in run_cmd(["ip", "netns", "list"]).splitlines() if line.strip()]
 
 
-def allow_congestion_control(algorithm: str) -> None:
+def allow_congestion_control(algorithm: str) -> str | None:
     """Let namespaces pick `algorithm`: outside the root namespace the kernel refuses, even to root,
     any algorithm missing from the machine's allowed list, which often holds only the default and
-    reno. Adds it there if the kernel has it loaded; otherwise leaves the list, and setting it then
-    fails with `add_namespace`'s message."""
+    reno. Loads its module if the kernel has not, and adds it to the list (a machine-wide setting,
+    kept: it only widens what namespaces may choose). Returns why that failed, or None."""
     try:
+        if algorithm in ALLOWED_CONGESTION_CONTROL.read_text().split():
+            return None
+        if algorithm not in AVAILABLE_CONGESTION_CONTROL.read_text().split() and shutil.which("modprobe"):
+            run_cmd(["modprobe", f"tcp_{algorithm}"], check=False)
+        # read again just before the write: another testbed may have added one meanwhile
         allowed = ALLOWED_CONGESTION_CONTROL.read_text().split()
-        if algorithm in allowed or algorithm not in AVAILABLE_CONGESTION_CONTROL.read_text().split():
-            return
-        ALLOWED_CONGESTION_CONTROL.write_text(" ".join([*allowed, algorithm]))
+        if algorithm not in allowed:
+            ALLOWED_CONGESTION_CONTROL.write_text(" ".join([*allowed, algorithm]))
     except OSError as exc:
-        logger.warning("cannot allow TCP congestion control %r in namespaces: %s", algorithm, exc)
-        return
+        return f"cannot add it to {ALLOWED_CONGESTION_CONTROL}: {exc}"
     logger.info("allowed TCP congestion control %r in network namespaces", algorithm)
+    return None
 
 
 def add_namespace(name: str, congestion_control: str = "") -> None:
@@ -82,14 +86,15 @@ def add_namespace(name: str, congestion_control: str = "") -> None:
     run_cmd(["ip", "netns", "add", name])
     run_cmd(["ip", "-n", name, "link", "set", "lo", "up"])
     if congestion_control:
-        allow_congestion_control(congestion_control)
+        not_allowed = allow_congestion_control(congestion_control)
         setting = f"net.ipv4.tcp_congestion_control={congestion_control}"
         try:
             run_cmd(["ip", "netns", "exec", name, "sysctl", "-q", "-w", setting])
         except NetnsError as exc:
+            why = f"{exc}; {not_allowed}" if not_allowed else str(exc)
             raise NetnsError(
-                f"cannot set TCP congestion control {congestion_control!r} in {name} ({exc}); pick one of "
-                '/proc/sys/net/ipv4/tcp_available_congestion_control, or "" for the machine\'s'
+                f"cannot set TCP congestion control {congestion_control!r} in {name} ({why}); pick one of "
+                f'{ALLOWED_CONGESTION_CONTROL}, or "" for the machine\'s'
             ) from exc
     sysctl = [
         "sysctl",

@@ -78,6 +78,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-align-rounds", action="store_true", help="Factored arms without outer.align_rounds.")
     p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
     p.add_argument("--analyse-only", action="store_true", help="Re-analyse the runs already in --out.")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="Keep every run (and ideal run) already evaluated in --out; run only the missing ones.",
+    )
     p.add_argument("--loaded", action="store_true", help="Label the results as measured on a loaded machine.")
     p.add_argument(
         "--tune-only",
@@ -136,7 +141,7 @@ class Bench:
         run_dir = self.args.out / phase / f"{v.name}-s{seed}"
         cfg = self.config(v, seed, schedule)
         saved = run_dir / "eval.json"
-        if self.args.analyse_only and saved.exists():
+        if (self.args.analyse_only or self.args.resume) and saved.exists():
             return json.loads(saved.read_text())
         logger.info("%s: %s seed %d (%s)", phase, v.name, seed, run_dir)
         run = (
@@ -193,9 +198,13 @@ class Bench:
         if not indep:
             return None
         path = self.args.out / "ideal" / f"s{seed}.json"
+        steps = int(statistics.median(indep[0]["eval"]["steps"]))
         if self.args.analyse_only and path.exists():
             return dict(json.loads(path.read_text()))
-        steps = int(statistics.median(indep[0]["eval"]["steps"]))
+        if self.args.resume and path.exists():
+            kept = dict(json.loads(path.read_text()))
+            if kept.get("steps") == steps:  # an independent run done again ran other steps
+                return kept
         cfg = ideal_config(dataclasses.replace(self.cfg0, seed=seed), steps, self.args.schedule == "anneal")
         logger.info(
             "ideal: seed %d, %d data-parallel steps of %d peers in-process", seed, steps, self.spec.peers

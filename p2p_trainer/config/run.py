@@ -123,8 +123,9 @@ class OuterConfig:
     """Factored gossip: a peer that starts a round behind the earliest peer of its round (DHT
     heartbeats) leaves out the inner steps it is late by (at most H − 1), so round starts line up and
     round-keyed Mix1 pairs meet; token weighting (§5) counts the shorter round less. On unless set
-    for factored, off for the others. Off whenever target_tokens_per_round > 0: constant work
-    fixes each round's tokens."""
+    for factored, off for the others. Overlapped DiLoCo has no barrier either, and with it on its
+    members start each background all-reduce together (§1). Off whenever target_tokens_per_round > 0:
+    constant work fixes each round's tokens."""
     target_tokens_per_round: int = 0
     """T (§6, constant work per round): tokens the whole swarm processes per outer round. Each live
     peer takes an equal share and tops up with extra micro-batches (gradient accumulation) when peers

@@ -24,6 +24,9 @@ from p2p_trainer.config import RunConfig
 LAND_AT = 5
 """`outer.land_at_step` of the default-land arm: the default's blocking all-reduce took 1.30 s
 (p50) against 0.28 s inner steps on this testbed (bench/RESULTS.md, 5 Dec 2026), so 5 cover it."""
+LAND_AT_ALIGNED = 3
+"""`outer.land_at_step` of the aligned arm that lands earlier: with the round starts aligned the
+all-reduce took 1.66-1.99 s (p50) against 0.48 s inner steps (bench/RESULTS.md, 6 Dec 2026)."""
 ENDLESS_STEPS = 1_000_000
 """Inner steps scheduled under `constant`: more than any arm reaches, so only the budget stops it."""
 
@@ -60,6 +63,12 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
             f"default-land{LAND_AT}-align",
             DEFAULT_METHOD,
             {"overlap": True, "land_at_step": LAND_AT, "align_rounds": True},
+        ),
+        # aligned, the all-reduce takes about 4 inner steps: from step 3 on it lands at the first one it is in
+        Variant(
+            f"default-land{LAND_AT_ALIGNED}-align",
+            DEFAULT_METHOD,
+            {"overlap": True, "land_at_step": LAND_AT_ALIGNED, "align_rounds": True},
         ),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]

@@ -27,6 +27,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SOCKET_DIR = Path("/tmp")
+GATE_SOCKET_PREFIX = "p2pt-gate-"
+"""Our stream gates' sockets in SOCKET_DIR (`net/stream_gate.py`): p2pd connects to them."""
 _LISTEN_RE = re.compile(r"^-listen=/unix(/.*hivemind-p2pd-(.+)\.sock)$")
 _P2PD_SOCKET_RE = re.compile(r"hivemind-p2pd-([A-Za-z0-9_-]+)\.sock")
 TREE_GRACE_S = 10.0
@@ -443,17 +445,20 @@ def _socket_inodes(pid: int | str) -> set[str]:
 
 
 def hivemind_socket_files(pids: Iterable[int | str]) -> set[Path]:
-    """The /tmp/hivemind-*.sock files that `pids` hold open (p2pd's and its clients' sockets).
+    """The /tmp/hivemind-*.sock and stream gate files that `pids` hold open (p2pd's, its
+    clients' and our gates' sockets; nobody removes them after a SIGKILL).
 
     Found through /proc (the fds' socket inodes matched against /proc/net/unix), so only these
     processes' files are named, never another run's on the same machine.
     """
     by_inode = _unix_socket_paths(f"{SOCKET_DIR}/hivemind-")
+    by_inode.update(_unix_socket_paths(f"{SOCKET_DIR}/{GATE_SOCKET_PREFIX}"))
     return {by_inode[inode] for pid in pids for inode in _socket_inodes(pid) if inode in by_inode}
 
 
 def own_unix_socket_paths() -> list[Path]:
-    """Paths of the hivemind unix sockets this process holds open (e.g. a P2P replica's client socket)."""
+    """Paths of the hivemind and gate unix sockets this process holds open (e.g. a P2P replica's
+    client socket)."""
     return sorted(hivemind_socket_files(["self"]))
 
 

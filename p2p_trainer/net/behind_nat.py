@@ -48,7 +48,7 @@ def set_up(relay: str, node: NetNode, transport: Transport, live_peers: Callable
     """Check reachability, print what was found, and start what `relay` asks for (module doc)."""
     if relay not in RELAY_MODES:
         raise ValueError(f"relay mode {relay!r}: use one of {', '.join(RELAY_MODES)}")
-    transport.run(reach.add_dialback(transport.p2p), timeout_s=30)  # answers other peers' checks
+    transport.run(reach.add_dialback(transport.gate), timeout_s=30)  # answers other peers' checks
     checkers = node.bootstrap_ids()
     found = _check(node, transport, checkers[:MAX_CHECKERS])
     log = logger.info if found.dialable else logger.warning

@@ -34,6 +34,7 @@ from hivemind.p2p import P2P, PeerID
 
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.identity import peer_id_from_public_key
+from p2p_trainer.net.stream_gate import StreamGate
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +151,10 @@ class RelayService:
         self.refused = 0
         """Streams refused: over a limit, malformed, or the target out of reach."""
 
-    async def start(self) -> None:
-        await self.p2p.add_binary_stream_handler(RELAY_PROTOCOL, self.handle)
+    async def start(self, gate: StreamGate) -> None:
+        """Take RELAY_PROTOCOL streams through `gate`, which leaves bounding them to `handle`
+        (it answers a refused sender CLOSED, so the sender knows why)."""
+        await gate.add_handler(RELAY_PROTOCOL, self.handle, None)
 
     def _busy(self, sender: str) -> bool:
         total = sum(self._open.values())

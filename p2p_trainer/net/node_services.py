@@ -16,7 +16,8 @@ from hivemind import DHT
 from hivemind.p2p import P2P
 
 from p2p_trainer.net import reach
-from p2p_trainer.net.message_relay import RELAY_PROTOCOL, RelayLimits, RelayService
+from p2p_trainer.net.message_relay import RelayLimits, RelayService
+from p2p_trainer.net.stream_gate import StreamGate, remove_all
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ class NodeServices:
         self._thread = threading.Thread(target=self._loop.run_forever, name="node-services", daemon=True)
         self._thread.start()
         self.relay: RelayService | None = None
+        self.gate: StreamGate
+        """Takes the dial-back and relay streams, a bounded number per sender (`stream_gate.py`)."""
         try:
             self.p2p: P2P = self._run(self._start(dht, relay, limits), 60.0)
         except BaseException:
@@ -41,24 +44,27 @@ class NodeServices:
 
     async def _start(self, dht: DHT, relay: bool, limits: RelayLimits) -> P2P:
         p2p = await dht.replicate_p2p()
-        await reach.add_dialback(p2p)
-        if relay:
-            self.relay = RelayService(p2p, limits)
-            await self.relay.start()
+        self.gate = StreamGate(p2p)
+        try:
+            await reach.add_dialback(self.gate)
+            if relay:
+                self.relay = RelayService(p2p, limits)
+                await self.relay.start(self.gate)
+        except BaseException:
+            await remove_all(self.gate)
+            await p2p.shutdown()
+            raise
         return p2p
 
     def close(self) -> None:
         if self.relay is not None:
             logger.info("relayed %d messages (%d refused)", self.relay.forwarded, self.relay.refused)
-        # the replica's client socket file is ours to remove: p2pd does not unlink it on shutdown
+        # hivemind's client socket files are ours to remove: p2pd does not unlink them on shutdown
         own_sockets = own_unix_socket_paths()
 
         async def stop() -> None:
+            await remove_all(self.gate)
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
-                await self.p2p.remove_binary_stream_handler(reach.DIALBACK_PROTOCOL)
-                if self.relay is not None:
-                    await self.p2p.remove_binary_stream_handler(RELAY_PROTOCOL)
-            with contextlib.suppress(Exception):
                 await self.p2p.shutdown()
 
         if self._loop.is_running():

@@ -28,6 +28,7 @@ import msgpack
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from p2p_trainer.net.stream_gate import StreamGate
 from p2p_trainer.net.transport import read_frame
 
 logger = logging.getLogger(__name__)
@@ -89,8 +90,12 @@ async def serve_dialback(info: object, reader: asyncio.StreamReader, writer: asy
         writer.close()
 
 
-async def add_dialback(p2p: P2P) -> None:
-    await p2p.add_binary_stream_handler(DIALBACK_PROTOCOL, serve_dialback)
+DIALBACKS_PER_SENDER = 2
+"""Dial-back requests one peer may have open here at once (a check asks once per checker)."""
+
+
+async def add_dialback(gate: StreamGate) -> None:
+    await gate.add_handler(DIALBACK_PROTOCOL, serve_dialback, DIALBACKS_PER_SENDER)
 
 
 @dataclass(frozen=True)

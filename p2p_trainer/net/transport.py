@@ -43,6 +43,7 @@ from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.net import message_relay as relay
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver
 from p2p_trainer.net.envelope import Signer
+from p2p_trainer.net.stream_gate import StreamGate, remove_all
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ RELAYED_FOR_S = 30.0
 trying directly again (a dial to an address behind NAT can take seconds to fail)."""
 DIRECT_BACKOFF_MAX_S = 600.0
 """Longest wait before a peer that could not be dialled directly is tried that way again."""
+RELAY_STREAMS_FACTOR = 4
+"""A relay may have this many times `security.sender_open_streams` relayed streams open at once."""
 VIEW_WAIT_S = 2.0
 """How long a stream from a peer not (yet) in the live view is held, unread, before it is closed:
 the view refreshes every view period, so a peer that has just joined enters it meanwhile. Its
@@ -307,15 +310,29 @@ class Transport:
         self._handlers: dict[
             str, Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
         ] = {}
+        self.gate: StreamGate
+        """Takes this peer's incoming streams, a bounded number per sender (`stream_gate.py`)."""
         self.p2p: P2P = self.run(self._start(dht), timeout_s=60)
         self.peer_id = self.p2p.peer_id.to_base58()
 
     async def _start(self, dht: DHT) -> P2P:
         p2p = await dht.replicate_p2p()
-        await p2p.add_binary_stream_handler(PROTOCOL, self._on_stream)
-        await p2p.add_binary_stream_handler(relay.RELAYED_PROTOCOL, self._on_relayed)
-        await p2p.add_binary_stream_handler(HELLO_PROTOCOL, self._on_hello)
+        self.gate = StreamGate(p2p) if self.security.defences else StreamGate.unbounded(p2p)
+        try:
+            await self.gate.add_handler(PROTOCOL, self._on_stream, self._stream_bound())
+            # a relay forwards the messages of every peer behind it, so it may have more open at once
+            relayed = self._stream_bound(RELAY_STREAMS_FACTOR)
+            await self.gate.add_handler(relay.RELAYED_PROTOCOL, self._on_relayed, relayed)
+            await self.gate.add_handler(HELLO_PROTOCOL, self._on_hello, self._stream_bound())
+        except BaseException:
+            await remove_all(self.gate)
+            await p2p.shutdown()
+            raise
         return p2p
+
+    def _stream_bound(self, factor: int = 1) -> int | None:
+        """Streams one sender may have open at once on a protocol (None: the defences are off)."""
+        return factor * self.security.sender_open_streams if self.security.defences else None
 
     # ----------------------------------------------------------------- running coroutines
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -460,7 +477,7 @@ class Transport:
             finally:
                 writer.close()
 
-        await self.p2p.add_binary_stream_handler(protocol, on_stream)
+        await self.gate.add_handler(protocol, on_stream, self._stream_bound())
 
     async def _admit(self, sender: str) -> bool:
         """Whether to take a direct connection from `sender` (held a while for the view, as a stream)."""
@@ -607,18 +624,24 @@ class Transport:
     def close(self) -> None:
         if self.direct_sent:
             logger.info("over the direct data plane: %d messages sent", self.direct_sent)
-        if self.refused or self.direct_refused:
+        if self.refused or self.direct_refused or self.gate.refused:
             logger.info(
-                "refused %d message streams and %d direct connections", self.refused, self.direct_refused
+                "refused %d message streams, %d direct connections and %d streams at the gate "
+                "(at most %d held at once)",
+                self.refused,
+                self.direct_refused,
+                self.gate.refused,
+                self.gate.peak_open,
             )
         if self.relayed_sent or self.relayed_received:
             logger.info(
                 "through relays: %d messages sent, %d received", self.relayed_sent, self.relayed_received
             )
-        # the replica's client socket file is ours to remove: p2pd does not unlink it on shutdown
+        # hivemind's client socket files are ours to remove: p2pd does not unlink them on shutdown
         own_sockets = own_unix_socket_paths()
 
         async def stop() -> None:
+            await remove_all(self.gate)  # first: p2pd stops handing streams to a closing peer
             # background sends to peers that never answered: cancel them, do not leave them pending
             others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in others:
@@ -627,8 +650,6 @@ class Transport:
             if self.direct is not None:
                 await self.direct.close()
             with contextlib.suppress(Exception):  # the daemon may already be gone at shutdown
-                for protocol in (PROTOCOL, relay.RELAYED_PROTOCOL, HELLO_PROTOCOL):
-                    await self.p2p.remove_binary_stream_handler(protocol)
                 await self.p2p.shutdown()
 
         if self._loop.is_running():

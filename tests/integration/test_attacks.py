@@ -4,7 +4,7 @@ Each attack runs twice. With the defences on (`[security] defences = true`, the 
 honest peers must finish every round (exit 0, no hang) with a final validation loss within 3% of
 a clean run of the same length (three honest peers, no attacker; one run for the module). With
 the defences off, the same attack must measurably hurt them, which shows the attack is real.
-To keep `make test` short it runs seven defended arms (`IN_MAKE_TEST`); every other arm is a bench
+To keep `make test` short it runs eight defended arms (`IN_MAKE_TEST`); every other arm is a bench
 (`make bench-check`). Every arm prints its
 measurements (run with `-s`); docs/security-results.md has the table.
 """
@@ -24,6 +24,7 @@ from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.lab.adversary.arena import Outcome, run_attack
 from p2p_trainer.lab.adversary.attacks import parse_attack
 from p2p_trainer.net.identity import load_or_create_identity
+from p2p_trainer.net.stream_gate import MAX_PENDING
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,26 +47,37 @@ CONTRIBUTIONS = ["scale:1e3", "scale:1e6", "flip:10", "nan", "weight", "owner:10
 RECORDS = ["impersonate", "huge-round", "far-round-start", "replay", "tombstone", "flood:100"]
 STREAMS = 200
 """Endless streams the attacker holds open to each honest peer."""
+LONG_ARMS = THROUGH_THE_VIEW | {f"streams:{STREAMS}"}
+"""Arms that run LONG_ROUNDS: the view attacks (above), and the endless streams, which the attacker
+opens only once it has found the honest peers, a few seconds before thirty tiny rounds end."""
 LONE_DONOR = "donor:5"
 """A poisoned donor at a round the run could be at, first in the swarm: each honest peer, starting,
 sees it as the only donor (nothing to measure its round against, no second donor to confirm)."""
 OTHERS = ["donor", LONE_DONOR, f"streams:{STREAMS}"]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
-IN_MAKE_TEST = ["flip:10", "owner:10", "impersonate", "huge-round", "donor", LONE_DONOR, "flood:100"]
+IN_MAKE_TEST = [
+    "flip:10",
+    "owner:10",
+    "impersonate",
+    "huge-round",
+    "donor",
+    LONE_DONOR,
+    "flood:100",
+    f"streams:{STREAMS}",
+]
 """The defended arms `make test` runs: a contribution, a part owner's result, a forged record, a
-forged round, a poisoned donor, far ahead and alone in sight, and a flood of phantom peers in an
-open swarm (about a minute each; `impersonate` runs LONG_ROUNDS, and its
-clean run of that length with it). The other defended arms, and every
-undefended one, run under `make bench-check`; `streams:200` is open there (its descriptors are not
-yet bounded, docs/security-results.md)."""
+forged round, a poisoned donor, far ahead and alone in sight, a flood of phantom peers in an
+open swarm, and endless streams (under a minute each; `impersonate` and the streams run
+LONG_ROUNDS, with one clean run of that length). The other defended arms, and every undefended one,
+run under `make bench-check`."""
 LONG_TIMEOUT = pytest.mark.timeout(720)
 """For a LONG_ROUNDS arm: its own run and, the first time, the clean run of that length."""
 
 
 def _arm(name: str, bench: bool) -> Any:
     marks = [pytest.mark.bench] if bench else []
-    return pytest.param(name, marks=[*marks, LONG_TIMEOUT] if name in THROUGH_THE_VIEW else marks)
+    return pytest.param(name, marks=[*marks, LONG_TIMEOUT] if name in LONG_ARMS else marks)
 
 
 DEFENDED = [_arm(name, bench=name not in IN_MAKE_TEST) for name in ATTACKS]
@@ -75,7 +87,7 @@ ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "r
 
 
 def _rounds(name: str) -> int:
-    return LONG_ROUNDS if name in THROUGH_THE_VIEW else ROUNDS
+    return LONG_ROUNDS if name in LONG_ARMS else ROUNDS
 
 
 def _config(defences: bool, rounds: int = ROUNDS) -> RunConfig:
@@ -110,7 +122,7 @@ def clean_long(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 
 def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
     """The clean run of the same length as `name`'s arms (each is run only if an arm needs it)."""
-    fixture = "clean_long" if name in THROUGH_THE_VIEW else "clean"
+    fixture = "clean_long" if name in LONG_ARMS else "clean"
     out: Outcome = request.getfixturevalue(fixture)
     return out
 
@@ -138,8 +150,10 @@ def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.Fix
             f"peer{i}: loss {loss} > {bound:.4g}: {out.row(clean.mean_loss)}"
         )
     if name.startswith("streams"):
+        # the gate's pending accepts and the attacker's bound, and the few that clean runs' peaks vary by
+        allowed = MAX_PENDING + SecurityConfig().sender_open_streams + 8
         extra = out.fd_peak - clean.fd_peak
-        assert extra < STREAMS // 4, f"an honest peer held {extra} descriptors more than in the clean run"
+        assert extra <= allowed, f"an honest peer held {extra} descriptors more than in the clean run"
     if name.startswith("flood"):  # phantoms answer no probe, so no view draws them into a group
         assert min(out.merged_share) >= 0.8 * min(clean.merged_share), (out.merged_share, clean.merged_share)
 

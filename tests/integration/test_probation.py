@@ -93,7 +93,7 @@ def test_a_closed_swarm_or_undefended_view_runs_no_probes(hosts: list[Host]) -> 
 def test_a_relay_answers_whether_its_target_runs(hosts: list[Host]) -> None:
     relay_host, target, asker = hosts
     service = message_relay.RelayService(relay_host.transport.p2p)
-    relay_host.transport.run(service.start(), timeout_s=30)
+    relay_host.transport.run(service.start(relay_host.transport.gate), timeout_s=30)
     relay_id, p2p = relay_host.node.peer_id, asker.transport.p2p
     phantom = Signer(SigningKey(bytes([99]) * 32)).peer_id
     assert asker.transport.run(message_relay.probe_relayed(p2p, relay_id, target.node.peer_id), timeout_s=30)

@@ -1,0 +1,152 @@
+"""Endless streams over real p2p daemons: a sender that keeps hundreds open to a peer has all
+but its bound refused at the peer's stream gate, the peer holds a bounded number of connections,
+and an honest sender's messages still arrive. (With the defences off, the same attack holds a
+descriptor per stream: tests/integration/test_attacks.py, `streams:200`.)
+
+The descriptors are counted from the kernel's table of Unix sockets (/proc/net/unix): every
+connection p2pd hands this process for the exchange protocol is a socket bound to the gate's path,
+so the count does not rely on the gate's own bookkeeping. The victim's event loop is stalled now
+and then, as a busy training process's is, so the attacker's reopened streams queue and arrive
+together: the burst that an accept loop without a bound takes whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2p_trainer.config import SecurityConfig
+from p2p_trainer.lab.adversary.streams import _open
+from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
+from p2p_trainer.net.stream_gate import MAX_PENDING
+from p2p_trainer.net.transport import Transport
+
+pytestmark = pytest.mark.timeout(180)
+
+ENDLESS = 200
+"""Streams the attacker keeps open to the victim, reopening each one the victim closes."""
+ATTACK_S = 8.0
+STALL_S = 0.5
+
+
+SAMPLER = """
+import sys, time
+path, out = sys.argv[1], sys.argv[2]
+peak = {"02": 0, "03": 0}
+end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    counts = {"02": 0, "03": 0}
+    with open("/proc/net/unix") as table:
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7] == path and fields[5] in counts:
+                counts[fields[5]] += 1
+    peak = {k: max(v, counts[k]) for k, v in peak.items()}
+    with open(out + ".tmp", "w") as f:
+        f.write(f"{peak['02']} {peak['03']}")
+    __import__("os").replace(out + ".tmp", out)
+"""
+"""Samples, from a process of its own (so this one's event loops and GIL cannot hide a burst),
+the most Unix sockets bound to a path in the kernel's table at once: St 03, connected (accepted
+by the victim); St 02, connecting (queued, not accepted yet)."""
+
+
+@contextlib.contextmanager
+def _sampling(path: Path, out: Path, seconds: float) -> Iterator[Callable[[], tuple[int, int]]]:
+    sampler = subprocess.Popen([sys.executable, "-c", SAMPLER, str(path), str(out), str(seconds)])
+
+    def peaks() -> tuple[int, int]:
+        queued, held = out.read_text().split() if out.exists() else ("0", "0")
+        return int(queued), int(held)
+
+    try:
+        yield peaks
+    finally:
+        sampler.kill()
+        sampler.wait(timeout=10)
+
+
+@pytest.fixture()
+def hosts(tmp_path: Path) -> Iterator[list[tuple[NetNode, Transport]]]:
+    started: list[tuple[NetNode, Transport]] = []
+    try:
+        for i in range(3):
+            peers = tuple(started[0][0].visible_maddrs()) if started else ()
+            node = start_node(DHTConfig(str(tmp_path / f"h{i}.key"), host="127.0.0.1", initial_peers=peers))
+            started.append(
+                (node, Transport(node.dht, 1 << 21, security=SecurityConfig(), signer=node.signer))
+            )
+        yield started
+    finally:
+        for node, transport in started:
+            transport.close()
+            node.shutdown()
+
+
+async def _attack(attacker: Transport, victim: str, stop: threading.Event) -> int:
+    """Keep ENDLESS streams open to `victim` until `stop`; returns how many were opened."""
+    held: list[Any] = []
+    opened = 0
+    while not stop.is_set():
+        held = [(r, w) for r, w in held if not (r.at_eof() or w.is_closing())]
+        results = await asyncio.gather(
+            *(asyncio.wait_for(_open(attacker, victim), 5.0) for _ in range(ENDLESS - len(held))),
+            return_exceptions=True,
+        )
+        fresh = [s for s in results if not isinstance(s, BaseException)]
+        opened += len(fresh)
+        held += fresh
+        await asyncio.sleep(0.05)
+    for _, writer in held:
+        writer.close()
+    return opened
+
+
+async def _stall(seconds: float) -> None:
+    """Block the victim's event loop, as a busy training process does now and then: the
+    attacker's streams queue meanwhile, and reach the gate together when it runs again."""
+    time.sleep(seconds)
+
+
+def test_endless_streams_hold_a_bounded_number_of_descriptors(
+    hosts: list[tuple[NetNode, Transport]], tmp_path: Path
+) -> None:
+    (victim_node, victim), (_, attacker), (honest_node, honest) = hosts
+    gate_path = victim.gate.path
+    # the honest host reaches the victim before the attack starts
+    honest.run(honest.send(victim_node.peer_id, {"key": "warm"}), timeout_s=30)
+    victim.run(victim.mailbox.get(f"warm|{honest_node.peer_id}", 30.0), timeout_s=35)
+
+    stop = threading.Event()
+    attack = attacker.submit(_attack(attacker, victim_node.peer_id, stop))
+    delivered = 0
+    with _sampling(gate_path, tmp_path / "peaks.txt", ATTACK_S + 30) as peaks:
+        start = time.monotonic()
+        while time.monotonic() - start < ATTACK_S:
+            victim.run(_stall(STALL_S), timeout_s=10)
+            time.sleep(0.5)  # the queued streams arrive
+            key = f"m{delivered}"
+            honest.run(honest.send(victim_node.peer_id, {"key": key}, b"x" * 1000), timeout_s=20)
+            msg = victim.run(victim.mailbox.get(f"{key}|{honest_node.peer_id}", 20.0), timeout_s=25)
+            assert msg is not None and bytes(msg.payload) == b"x" * 1000
+            delivered += 1
+        stop.set()
+        opened = attack.result(timeout=30)
+        queued, peak = peaks()
+
+    bound = SecurityConfig().sender_open_streams
+    print(f"\nopened {opened} endless streams; {queued} queued at most, {peak} held; {delivered} delivered")
+    assert opened > 2 * ENDLESS, f"the attack never kept its streams up ({opened} opened)"
+    assert queued > MAX_PENDING, f"the stalls never queued a burst ({queued}): the test shows nothing"
+    # the pending accepts, the attacker's bound, the honest sender's stream
+    assert peak <= MAX_PENDING + bound + 1, f"{peak} connections held at once for one attacker"
+    assert victim.gate.refused > ENDLESS

@@ -20,6 +20,7 @@ import pytest
 import torch
 from hivemind import DHT
 from hivemind.p2p import P2P
+from hivemind.utils.multiaddr import Multiaddr
 
 from p2p_trainer.algo.methods import OuterState, RoundReport, build_method
 from p2p_trainer.config import OuterConfig
@@ -27,6 +28,7 @@ from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.exchange.interface import ZERO, ExchangeRequest, ExchangeResult, Ok
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
 from p2p_trainer.net.robust import Defence, PartChecks, Penalties, Scale, merge
+from p2p_trainer.net.stream_gate import StreamGate
 from p2p_trainer.net.transport import Mailbox, Message, SenderQuota, Transport, encode_header
 from tests.unit.fake_exchanges import Finished
 
@@ -236,7 +238,12 @@ class _Offline(Transport):
     """A transport whose daemon is never started: enough to drive its receiving side."""
 
     async def _start(self, dht: Any) -> Any:
-        return SimpleNamespace(peer_id=SimpleNamespace(to_base58=lambda: "me"))
+        p2p = SimpleNamespace(
+            peer_id=SimpleNamespace(to_base58=lambda: "me"),
+            daemon_listen_maddr=Multiaddr("/unix/tmp/p2pt-no-daemon.sock"),  # never dialled
+        )
+        self.gate = StreamGate(cast(P2P, p2p))  # no protocol registered: it takes no stream
+        return p2p
 
 
 class _Writer:

@@ -24,9 +24,6 @@ from p2p_trainer.config import RunConfig
 LAND_AT = 5
 """`outer.land_at_step` of the default-land arm: the default's blocking all-reduce took 1.30 s
 (p50) against 0.28 s inner steps on this testbed (bench/RESULTS.md, 5 Dec 2026), so 5 cover it."""
-LAND_AT_ALIGNED = 3
-"""`outer.land_at_step` of the aligned arm that lands earlier: with the round starts aligned the
-all-reduce took 1.66-1.99 s (p50) against 0.48 s inner steps (bench/RESULTS.md, 6 Dec 2026)."""
 ENDLESS_STEPS = 1_000_000
 """Inner steps scheduled under `constant`: more than any arm reaches, so only the budget stops it."""
 
@@ -49,26 +46,23 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
         ),
         Variant("noloco", "noloco", {**CANONICAL, **wire}),
         # what a user gets with no flags: the shipped config (method, wire format, quorum, all
-        # of default.toml), only H set by the bench like every other arm's
+        # of default.toml: overlapped DiLoCo landing from step 3, aligned), only H set
+        # by the bench like every other arm's
         Variant("default", DEFAULT_METHOD),
-        # the same, its all-reduce behind the next round's first LAND_AT inner steps (§1)
+        # the same with the blocking all-reduce it replaced (the shipped default until 6 Dec 2026)
         Variant(
-            f"default-land{LAND_AT}",
-            DEFAULT_METHOD,
-            {"overlap": True, "land_at_step": LAND_AT},
+            "default-blocking", DEFAULT_METHOD, {"overlap": False, "land_at_step": 0, "align_rounds": False}
         ),
-        # the same with round alignment: with no barrier, round starts drift apart and the group's
-        # all-reduce waits for its last member; a peer that starts late leaves out steps instead
-        Variant(
-            f"default-land{LAND_AT}-align",
-            DEFAULT_METHOD,
-            {"overlap": True, "land_at_step": LAND_AT, "align_rounds": True},
-        ),
-        # aligned, the all-reduce takes about 4 inner steps: from step 3 on it lands at the first one it is in
-        Variant(
-            f"default-land{LAND_AT_ALIGNED}-align",
-            DEFAULT_METHOD,
-            {"overlap": True, "land_at_step": LAND_AT_ALIGNED, "align_rounds": True},
+        # overlapped, landing from step LAND_AT, without and with round alignment: with no barrier,
+        # round starts drift apart and the group's all-reduce waits for its last member; aligned,
+        # a peer that starts late leaves out steps instead
+        *(
+            Variant(
+                f"default-land{LAND_AT}{'-align' if aligned else ''}",
+                DEFAULT_METHOD,
+                {"overlap": True, "land_at_step": LAND_AT, "align_rounds": aligned},
+            )
+            for aligned in (False, True)
         ),
         Variant("factored-mix1", "factored", {"mix2_rounds": 0, **align, **wire}, family="factored"),
     ]

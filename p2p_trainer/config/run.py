@@ -105,8 +105,9 @@ class OuterConfig:
     """DiLoCo with fragments = 1: the all-reduce of Δ runs behind the next round's inner steps and
     its outer step lands at that round's end, keeping the inner steps made meanwhile (§1: Streaming
     DiLoCo's overlap with the whole model as one fragment). A slow link's all-reduce then costs no
-    blocked time; each outer step lands one round late, which at H = 20 with the reference outer
-    step cost all of DiLoCo's per-token gain over training alone (bench/RESULTS.md), so it is off.
+    blocked time. Landing a whole round late cost all of DiLoCo's per-token gain over training alone
+    at H = 20, so the field is off; the default run (default.toml) turns it on with land_at_step = 3
+    and round alignment, which on the WAN testbed beat blocking DiLoCo (bench/RESULTS.md).
     Other methods ignore it (so `--method` works on a file that sets it), and with fragments > 1
     fragment_overlap decides."""
     land_at_step: int = 0
@@ -122,10 +123,10 @@ class OuterConfig:
     align_rounds: bool = BY_METHOD
     """Factored gossip: a peer that starts a round behind the earliest peer of its round (DHT
     heartbeats) leaves out the inner steps it is late by (at most H − 1), so round starts line up and
-    round-keyed Mix1 pairs meet; token weighting (§5) counts the shorter round less. On unless set
-    for factored, off for the others. Overlapped DiLoCo has no barrier either, and with it on its
-    members start each background all-reduce together (§1). Off whenever target_tokens_per_round > 0:
-    constant work fixes each round's tokens."""
+    round-keyed Mix1 pairs meet; token weighting (§5) counts the shorter round less. Overlapped
+    DiLoCo has no barrier either, and with it on its members start each background all-reduce
+    together (§1). On unless set for factored and for DiLoCo with `overlap` (one fragment), off for
+    the others. Off whenever target_tokens_per_round > 0: constant work fixes each round's tokens."""
     target_tokens_per_round: int = 0
     """T (§6, constant work per round): tokens the whole swarm processes per outer round. Each live
     peer takes an equal share and tops up with extra micro-batches (gradient accumulation) when peers
@@ -142,6 +143,10 @@ class OuterConfig:
     def __post_init__(self) -> None:
         # the method first: it decides the defaults the other fields are checked with
         require(self.method in METHODS, f"outer.method={self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.method == "diloco" and self.align_rounds is BY_METHOD:
+            # overlapped, DiLoCo has no barrier: members start each background all-reduce together
+            # only if their rounds start together (§1)
+            object.__setattr__(self, "align_rounds", self.overlap is True and self.fragments == 1)
         for name, value in METHOD_DEFAULTS[self.method].items():
             if getattr(self, name) is BY_METHOD:
                 object.__setattr__(self, name, value)

@@ -45,7 +45,13 @@ def test_python_toml_and_flags_give_the_same_config(method: str, tmp_path: Path)
         rounds=3,
         seed=5,
         inner=InnerConfig(eval_every=20),
-        outer=OuterConfig(method=method, num_inner_steps=20, mix2_rounds=2),  # type: ignore[arg-type]
+        outer=OuterConfig(
+            method=method,  # type: ignore[arg-type]
+            num_inner_steps=20,
+            overlap=True,
+            land_at_step=3,
+            mix2_rounds=2,
+        ),
         exchange=ExchangeConfig(
             timeout_s=9.0, quorum_fraction=1.0, wire_dtype="float16", update_codec="int8"
         ),
@@ -88,7 +94,7 @@ def test_method_flag_changes_only_the_method(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
         '[outer]\nmethod = "factored"\nnum_inner_steps = 7\nouter_momentum = 0.3\nmix2_every = 4\n'
-        "[exchange]\nquorum_fraction = 1.0\nmix1_grace_s = 2.5\n",
+        "overlap = false\n[exchange]\nquorum_fraction = 1.0\nmix1_grace_s = 2.5\n",
     )
     cfg = resolve_config(str(path), "diloco")
     file_cfg = load_config(path)
@@ -96,10 +102,14 @@ def test_method_flag_changes_only_the_method(tmp_path: Path) -> None:
     assert (cfg.outer.num_inner_steps, cfg.outer.outer_momentum, cfg.outer.mix2_every) == (7, 0.3, 4)
     in_file = ExchangeConfig(quorum_fraction=1.0, mix1_grace_s=2.5, wire_dtype="float16", update_codec="int8")
     assert cfg.exchange == file_cfg.exchange == in_file  # the codecs: the default run's
-    assert not cfg.outer.align_rounds  # factored's default, not set in the file: diloco's applies
-    # a value the file leaves unset takes the new method's reference value
+    # factored's default (on), not set in the file: DiLoCo's applies, off without overlap
+    assert not cfg.outer.align_rounds
+    # a value the file leaves unset takes the default run's value, else the new method's reference
     path.write_text('[outer]\nmethod = "factored"\nnum_inner_steps = 7\n')
-    assert resolve_config(str(path), "diloco").outer == OuterConfig(method="diloco", num_inner_steps=7)
+    assert resolve_config(str(path), "diloco").outer == OuterConfig(
+        method="diloco", num_inner_steps=7, overlap=True, land_at_step=3
+    )
+    assert resolve_config(str(path), "diloco").outer.align_rounds  # DiLoCo's own, with overlap
 
 
 def test_rounds_and_seed_flags_override_the_file() -> None:

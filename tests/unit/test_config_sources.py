@@ -50,12 +50,14 @@ def test_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None
 def test_method_from_the_environment_changes_only_the_method(tmp_path: Path) -> None:
     path = _file(tmp_path, '[outer]\nmethod = "factored"\nnum_inner_steps = 7\n')
     found = effective_config(path, environ={"P2PT_OUTER__METHOD": "diloco"})
-    assert found.config.outer == OuterConfig(method="diloco", num_inner_steps=7)
+    # overlap and land_at_step are the default run's (default.toml)
+    assert found.config.outer == OuterConfig(method="diloco", num_inner_steps=7, overlap=True, land_at_step=3)
     assert str(found.sources["outer.outer_momentum"]) == "default (method diloco)"
     assert str(found.sources["outer.num_inner_steps"]) == f"file {path}"
     # the flag wins over the variable, and the method's own defaults follow the flag's method
     flagged = effective_config(path, environ={"P2PT_OUTER__METHOD": "diloco"}, method="noloco")
-    assert flagged.config.outer == OuterConfig(method="noloco", num_inner_steps=7)
+    noloco = OuterConfig(method="noloco", num_inner_steps=7, overlap=True, land_at_step=3)
+    assert flagged.config.outer == noloco and not noloco.align_rounds  # NoLoCo ignores the overlap
     assert str(flagged.sources["outer.method"]) == "flag --method"
 
 

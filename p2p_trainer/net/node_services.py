@@ -44,7 +44,11 @@ class NodeServices:
 
     async def _start(self, dht: DHT, relay: bool, limits: RelayLimits) -> P2P:
         p2p = await dht.replicate_p2p()
-        self.gate = StreamGate(p2p)
+        try:
+            self.gate = StreamGate(p2p)
+        except BaseException:
+            await p2p.shutdown()
+            raise
         try:
             await reach.add_dialback(self.gate)
             if relay:

@@ -9,11 +9,11 @@ reopens hundreds of streams the moment they are closed keeps hundreds open here
 
 The gate listens on a socket of its own and accepts only while fewer than `max_pending`
 connections wait to have their sender read; it then closes, at once, a connection from a sender
-that already has its protocol's bound of streams open, and any connection past `max_open`
-handed to handlers (many identities, each within its bound). Connections p2pd makes meanwhile
-wait in the kernel's queue: p2pd's descriptors and kernel memory, not ours. So this process
-holds at most `max_pending + max_open`, and one sender at most `max_pending` plus its bounds.
-Whoever connects to the socket can claim any sender, so it is this user's alone (mode 0600, set
+that already has its protocol's bound of streams open, and any connection past `max_open` handed
+to handlers (many identities, each within its bound) unless its sender is `favoured`.
+Connections p2pd makes meanwhile wait in the kernel's queue: p2pd's descriptors and kernel
+memory, not ours. So this process holds at most `max_pending + max_open` plus the favoured
+senders' bounds, and one sender at most `max_pending` plus its bounds. Whoever connects to the socket can claim any sender, so it is this user's alone (mode 0600, set
 before it listens). It speaks p2pd's public control protocol through hivemind's bindings;
 hivemind's own handlers (the DHT's) are untouched.
 """
@@ -49,6 +49,8 @@ MAX_OPEN = 256
 """Connections handed to handlers at once, all senders and protocols together."""
 INFO_TIMEOUT_S = 10.0
 """A connection still without its StreamInfo after this long is closed."""
+CONTROL_TIMEOUT_S = 5.0
+"""A (un)registration p2pd has not answered by then failed (a daemon that hangs or is gone)."""
 
 
 class StreamGate:
@@ -71,6 +73,9 @@ class StreamGate:
         self._open: dict[tuple[str, str], int] = {}
         """(sender, protocol) -> connections handed to a handler and not yet finished."""
         self._handed = 0
+        self.favoured: Callable[[str], bool] = lambda _: False
+        """Senders `max_open` never refuses (the live view's members): many identities filling it
+        cannot shut out the peers this one exchanges with."""
         self._held = 0
         self.peak_open = 0
         """The most connections this gate held at once (waiting for their StreamInfo or handed over)."""
@@ -108,8 +113,12 @@ class StreamGate:
                 addr=self.maddr.to_bytes(), proto=[protocol], balanced=False
             ),
         )
-        await self._control(request)
-        self._handlers[protocol] = (handler, max_per_sender)
+        self._handlers[protocol] = (handler, max_per_sender)  # before p2pd sends the first stream
+        try:
+            await self._control(request)
+        except BaseException:
+            del self._handlers[protocol]
+            raise
 
     async def remove_handler(self, protocol: str) -> None:
         self._handlers.pop(protocol, None)
@@ -122,14 +131,17 @@ class StreamGate:
         await self._control(request)
 
     async def _control(self, request: p2pd_pb2.Request) -> None:
-        reader, writer = await self._daemon.open_connection()
-        try:
-            await write_pbmsg(writer, request)
-            response = p2pd_pb2.Response()
-            await read_pbmsg_safe(reader, response)
-            raise_if_failed(response)
-        finally:
-            writer.close()
+        async def ask() -> None:
+            reader, writer = await self._daemon.open_connection()
+            try:
+                await write_pbmsg(writer, request)
+                response = p2pd_pb2.Response()
+                await read_pbmsg_safe(reader, response)
+                raise_if_failed(response)
+            finally:
+                writer.close()
+
+        await asyncio.wait_for(ask(), CONTROL_TIMEOUT_S)
 
     def _accept_loop_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -214,7 +226,7 @@ class StreamGate:
             return "no handler"
         if bound is not None and self._open.get((sender, protocol), 0) >= bound:
             return f"already {bound} open"
-        if self.max_open is not None and self._handed >= self.max_open:
+        if self.max_open is not None and self._handed >= self.max_open and not self.favoured(sender):
             return f"already {self.max_open} streams open"
         return None
 

@@ -317,7 +317,12 @@ class Transport:
 
     async def _start(self, dht: DHT) -> P2P:
         p2p = await dht.replicate_p2p()
-        self.gate = StreamGate(p2p) if self.security.defences else StreamGate.unbounded(p2p)
+        try:
+            self.gate = StreamGate(p2p) if self.security.defences else StreamGate.unbounded(p2p)
+        except BaseException:
+            await p2p.shutdown()
+            raise
+        self.gate.favoured = lambda sender: self.accept_from(sender)
         try:
             await self.gate.add_handler(PROTOCOL, self._on_stream, self._stream_bound())
             # a relay forwards the messages of every peer behind it, so it may have more open at once

@@ -8,6 +8,7 @@ import pytest
 
 from p2p_trainer.lab.chaos.runner import run_scenario
 from p2p_trainer.lab.chaos.timeline import load_chaos_scenario
+from p2p_trainer.processes import GATE_SOCKET_PREFIX
 from p2p_trainer.round_log import read_log
 
 pytestmark = pytest.mark.timeout(300)
@@ -53,9 +54,9 @@ def test_smoke_scenario_kill_restart_stall_and_bootstrap_death(tmp_path: Path) -
     tpr = report["tokens_per_round"]
     assert tpr["counted_rounds"] > 20
     assert tpr["within_5pct"] >= 0.85 * tpr["counted_rounds"], tpr["deviation"]
-    # a SIGKILLed node cleans up nothing: the kill removed its socket files (p2pd's and its client's);
-    # the cleanly stopped nodes remove their own (checked in test_swarm.py; /tmp is shared with other
-    # runs on this machine, so a global before/after comparison would blame their files on us)
+    # a SIGKILLed node cleans up nothing: the kill removed its socket files (p2pd's and our stream
+    # gate's); the cleanly stopped nodes remove their own (checked in test_swarm.py; /tmp is shared
+    # with other runs on this machine, so a global before/after comparison would blame their files on us)
     removed = report["removed_socket_files"]
-    assert any("p2pd" in f for f in removed) and any("p2pclient" in f for f in removed), removed
+    assert any("p2pd" in f for f in removed) and any(GATE_SOCKET_PREFIX in f for f in removed), removed
     assert not any(Path(f).exists() for f in removed)

@@ -29,6 +29,7 @@ from p2p_trainer.lab.adversary.streams import _open
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.stream_gate import MAX_PENDING
 from p2p_trainer.net.transport import Transport
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -150,3 +151,23 @@ def test_endless_streams_hold_a_bounded_number_of_descriptors(
     # the pending accepts, the attacker's bound, the honest sender's stream
     assert peak <= MAX_PENDING + bound + 1, f"{peak} connections held at once for one attacker"
     assert victim.gate.refused > ENDLESS
+
+
+def test_a_full_gate_still_takes_the_live_views_members(hosts: list[tuple[NetNode, Transport]]) -> None:
+    """Many identities, each within its bound, can fill the gate's total; a sender outside the live
+    view is then refused, a member of it is still taken."""
+    (victim_node, victim), (attacker_node, attacker), (honest_node, honest) = hosts
+    victim.accept_from = lambda sender: sender == honest_node.peer_id  # the attacker: not in the view
+    victim.view_wait_s = 30.0  # its streams are held, waiting for the view, the whole test
+    victim.gate.max_open = 4
+    stop = threading.Event()
+    attack = attacker.submit(_attack(attacker, victim_node.peer_id, stop))
+    try:
+        assert wait_until(lambda: victim.gate.refused > 50, timeout_s=30, poll_s=0.1), victim.gate.refused
+        honest.run(honest.send(victim_node.peer_id, {"key": "still"}, b"ok"), timeout_s=20)
+        msg = victim.run(victim.mailbox.get(f"still|{honest_node.peer_id}", 20.0), timeout_s=25)
+        assert msg is not None and bytes(msg.payload) == b"ok"
+    finally:
+        stop.set()
+        attack.result(timeout=30)
+    assert attacker_node.peer_id not in victim.heard_within(60.0)

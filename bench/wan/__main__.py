@@ -75,7 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu-cores", type=float, default=0.45)
     p.add_argument("--points", type=int, default=None, help="Evaluation times per run (12; quick 8).")
     p.add_argument("--keep-snapshots", action="store_true", help="Keep snapshots the evaluation did not use.")
-    p.add_argument("--no-align-rounds", action="store_true", help="Factored arms without outer.align_rounds.")
+    p.add_argument(
+        "--no-align-rounds",
+        action="store_true",
+        help="Factored arms without outer.align_rounds (the default arms set their own).",
+    )
     p.add_argument("--scaling", action="store_true", help="2/4/8 peers, all-peer rounds vs random pairs.")
     p.add_argument("--analyse-only", action="store_true", help="Re-analyse the runs already in --out.")
     p.add_argument(

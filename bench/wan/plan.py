@@ -22,7 +22,7 @@ from bench.wan.runs import CANONICAL, DEFAULT_METHOD, Variant
 from p2p_trainer.config import RunConfig
 
 LAND_AT = 5
-"""`outer.land_at_step` of the default-land arm: the default's blocking all-reduce took 1.30 s
+"""`outer.land_at_step` of the default-land arms: blocking DiLoCo's all-reduce took 1.30 s
 (p50) against 0.28 s inner steps on this testbed (bench/RESULTS.md, 5 Dec 2026), so 5 cover it."""
 ENDLESS_STEPS = 1_000_000
 """Inner steps scheduled under `constant`: more than any arm reaches, so only the budget stops it."""

@@ -59,8 +59,9 @@ class OuterConfig:
     """The outer method and its math knobs; unset knobs take the method's reference values.
 
     The constructor resolves them, so the instance holds plain values: `dataclasses.replace(cfg,
-    method=...)` keeps the old method's values; to switch methods and let the new one's defaults
-    fill what was not set, rebuild from the source (`load_config(path, method=...)`)."""
+    method=...)` keeps the old method's values, and `replace(cfg, overlap=...)` DiLoCo's
+    `align_rounds` as resolved for the old `overlap`; to let the defaults follow, rebuild from the
+    source (`load_config(path, method=...)`) or set those fields too."""
 
     method: Method = "factored"
     """One of: factored, noloco, diloco, data-parallel, independent."""

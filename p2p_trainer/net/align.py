@@ -3,7 +3,9 @@
 Factored gossip has no barrier: Mix1 groups are keyed on the round, so two peers meet only if they
 start the same round within Mix1's grace window. Without a barrier, round starts drift apart (a
 slower step here, a longer Mix2 there) until pairs stop meeting and most Mix1 exchanges fail
-(bench/RESULTS.md, "round alignment and Mix1's wait", has the WAN bench's counts).
+(bench/RESULTS.md, "round alignment and Mix1's wait", has the WAN bench's counts). Overlapped
+DiLoCo (the default run) has no barrier either: its group's background all-reduce finishes only
+after its last member has started it, so it is aligned too (docs/algorithms.md §1).
 
 At the start of each round a peer looks up when the other peers started the same round, from the
 heartbeats' (round, round_started), and if the earliest of them started before it by more than an

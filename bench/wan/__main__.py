@@ -50,6 +50,8 @@ from p2p_trainer.lab.testbed import support_problem
 from p2p_trainer.train.model import build_model
 
 logger = logging.getLogger(__name__)
+LONG_RUN_S = 900.0
+"""Issue 12's long-horizon check: one seed is allowed at this budget or more."""
 QUICK_ARMS = ("bare", "independent", "data-parallel", "diloco", "factored-mix2-k2", "hivemind")
 
 
@@ -94,7 +96,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Run only the tuning seeds of the arms' families; write tuning.json with the picks.",
     )
     p.add_argument("--calibration", action="store_true", help="Also run the simulator's 2-peer calibration.")
+    p.add_argument(
+        "--long-run",
+        action="store_true",
+        help=f"Allow one report seed where --budget-s >= {LONG_RUN_S:.0f}: the long-horizon check, labelled as one seed.",
+    )
     args = p.parse_args(argv)
+    if args.long_run and (args.budget_s or 0) < LONG_RUN_S:
+        p.error(
+            f"--long-run needs --budget-s {LONG_RUN_S:.0f} or more (a short run must have 3 report seeds)"
+        )
     q = args.quick
     args.tuning_seeds = args.tuning_seeds if args.tuning_seeds is not None else ([] if q else [100, 101])
     args.report_seeds = args.report_seeds or ([0] if q else [0, 1, 2])
@@ -246,7 +257,7 @@ def choose(
 
 
 def head_to_head(args: argparse.Namespace, meta: dict[str, Any]) -> dict[str, Any]:
-    split_seeds(args.tuning_seeds, args.report_seeds, min_report=1 if args.quick else 3)
+    split_seeds(args.tuning_seeds, args.report_seeds, min_report=1 if args.quick or args.long_run else 3)
     spec = SwarmSpec(
         args.peers, args.rate_mbit, args.cpu_cores, args.budget_s, timeout_s=15.0 if args.quick else 30.0
     )
@@ -317,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m bench.wan", *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "load_avg_at_start": os.getloadavg(), "loaded": args.loaded, "align_rounds": not args.no_align_rounds,
+        "load_avg_at_start": os.getloadavg(), "loaded": args.loaded,
+        "long_run": args.long_run, "align_rounds": not args.no_align_rounds,
         "peers": args.peers, "rate_mbit": args.rate_mbit, "cpu_cores": args.cpu_cores,
         "schedule": args.schedule, "budget_s": args.budget_s, "inner_steps": args.inner_steps,
         "tuning_seeds": args.tuning_seeds, "report_seeds": args.report_seeds, "seeds": args.report_seeds,

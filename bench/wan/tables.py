@@ -34,7 +34,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"(every model taken at exactly that time), {meta.get('schedule', 'constant')} schedule, "
         f"report seeds {meta['seeds']}, "
         f"{meta['num_params']} parameters; medians over the report seeds (min–max)."
-        + (" **Measured while the machine was loaded by other jobs.**" if meta.get("loaded") else ""),
+        + (" **Measured while the machine was loaded by other jobs.**" if meta.get("loaded") else "")
+        + (" **One seed (the long-horizon check): no spread.**" if meta.get("long_run") else ""),
         "",
         "| method | val loss at equal time | at equal tokens | final | tokens | utilisation | compute s/step "
         "| blocked/round p50 / p95 / max (s) | MB sent/peer | bytes vs theory | exchange / bound (p50): "

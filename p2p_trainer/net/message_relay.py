@@ -152,9 +152,10 @@ class RelayService:
         """Streams refused: over a limit, malformed, or the target out of reach."""
 
     async def start(self, gate: StreamGate) -> None:
-        """Take RELAY_PROTOCOL streams through `gate`, which leaves bounding them to `handle`
-        (it answers a refused sender CLOSED, so the sender knows why)."""
-        await gate.add_handler(RELAY_PROTOCOL, self.handle, None)
+        """Take RELAY_PROTOCOL streams through `gate`: a sender past its share is closed there,
+        unread (a sender that reopens streams as fast as they close would otherwise have each one
+        handed over and answered first); `handle` answers CLOSED past the relay's total."""
+        await gate.add_handler(RELAY_PROTOCOL, self.handle, self.limits.per_sender_streams)
 
     def _busy(self, sender: str) -> bool:
         total = sum(self._open.values())

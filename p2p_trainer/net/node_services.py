@@ -17,7 +17,7 @@ from hivemind.p2p import P2P
 
 from p2p_trainer.net import reach
 from p2p_trainer.net.message_relay import RelayLimits, RelayService
-from p2p_trainer.net.stream_gate import StreamGate, remove_all
+from p2p_trainer.net.stream_gate import StreamGate, open_gate, remove_all
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -44,20 +44,14 @@ class NodeServices:
 
     async def _start(self, dht: DHT, relay: bool, limits: RelayLimits) -> P2P:
         p2p = await dht.replicate_p2p()
-        try:
-            self.gate = StreamGate(p2p)
-        except BaseException:
-            await p2p.shutdown()
-            raise
-        try:
-            await reach.add_dialback(self.gate)
+
+        async def register(gate: StreamGate) -> None:
+            await reach.add_dialback(gate)
             if relay:
                 self.relay = RelayService(p2p, limits)
-                await self.relay.start(self.gate)
-        except BaseException:
-            await remove_all(self.gate)
-            await p2p.shutdown()
-            raise
+                await self.relay.start(gate)
+
+        self.gate = await open_gate(p2p, register)
         return p2p
 
     def close(self) -> None:

@@ -49,6 +49,8 @@ MAX_OPEN = 256
 """Connections handed to handlers at once, all senders and protocols together."""
 INFO_TIMEOUT_S = 10.0
 """A connection still without its StreamInfo after this long is closed."""
+CLOSE_WAIT_S = 1.0
+"""Longest wait for a refused connection's socket to be closed before its slot is taken again."""
 CONTROL_TIMEOUT_S = 5.0
 """A (un)registration p2pd has not answered by then failed (a daemon that hangs or is gone)."""
 
@@ -179,8 +181,12 @@ class StreamGate:
             conn.close()
 
     async def _take(self, conn: socket.socket) -> None:
+        """Read the connection's sender, then hand it over or close it. Its pending slot is given
+        back once it is handed over, or once a refused one is really closed: a burst of refused
+        connections must not pile up half-closed while the next burst is accepted."""
         key: tuple[str, str] | None = None
         writer: asyncio.StreamWriter | None = None
+        released = False
         self._held += 1
         self.peak_open = max(self.peak_open, self._held)
         try:
@@ -194,8 +200,6 @@ class StreamGate:
                 self.refused += 1
                 logger.debug("stream closed without its StreamInfo: %r", exc)
                 return
-            finally:
-                self._release()
             handler, bound = self._handlers.get(stream.proto, (None, None))
             refusal = self._refusal(sender, stream.proto, handler is not None, bound)
             if refusal is not None:
@@ -206,20 +210,29 @@ class StreamGate:
             key = (sender, stream.proto)
             self._open[key] = self._open.get(key, 0) + 1
             self._handed += 1
+            self._release()
+            released = True
             await handler(stream, reader, writer)
         except Exception as exc:  # a handler's own failure must not end the gate
             logger.warning("stream handler failed: %r", exc)
         finally:
-            self._held -= 1
-            if key is not None:
-                self._handed -= 1
-                self._open[key] -= 1
-                if not self._open[key]:
-                    del self._open[key]
-            if writer is not None:
-                writer.close()
-            else:
-                conn.close()
+            try:
+                if key is not None:
+                    self._handed -= 1
+                    self._open[key] -= 1
+                    if not self._open[key]:
+                        del self._open[key]
+                if writer is None:
+                    conn.close()
+                else:
+                    writer.close()
+                    if not released:  # the event loop closes the socket a little later
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(writer.wait_closed(), CLOSE_WAIT_S)
+            finally:
+                self._held -= 1
+                if not released:
+                    self._release()
 
     def _refusal(self, sender: str, protocol: str, handled: bool, bound: int | None) -> str | None:
         if not handled:
@@ -254,3 +267,22 @@ async def remove_all(gate: StreamGate) -> None:
         with contextlib.suppress(Exception):
             await gate.remove_handler(protocol)
     await gate.close()
+
+
+async def open_gate(
+    p2p: P2P, register: Callable[[StreamGate], Awaitable[None]], bounded: bool = True
+) -> StreamGate:
+    """A gate on `p2p` with `register`'s handlers added; if either step fails, nothing is left
+    behind: the handlers added are removed, the gate closed and `p2p` (a replica) shut down."""
+    try:
+        gate = StreamGate(p2p) if bounded else StreamGate.unbounded(p2p)
+    except BaseException:
+        await p2p.shutdown()
+        raise
+    try:
+        await register(gate)
+    except BaseException:
+        await remove_all(gate)
+        await p2p.shutdown()
+        raise
+    return gate

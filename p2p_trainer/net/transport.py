@@ -43,7 +43,7 @@ from p2p_trainer.heap import keep_freed_memory
 from p2p_trainer.net import message_relay as relay
 from p2p_trainer.net.direct import DirectError, DirectPlane, Receiver
 from p2p_trainer.net.envelope import Signer
-from p2p_trainer.net.stream_gate import StreamGate, remove_all
+from p2p_trainer.net.stream_gate import StreamGate, open_gate, remove_all
 from p2p_trainer.processes import own_unix_socket_paths, remove_files
 
 logger = logging.getLogger(__name__)
@@ -317,22 +317,16 @@ class Transport:
 
     async def _start(self, dht: DHT) -> P2P:
         p2p = await dht.replicate_p2p()
-        try:
-            self.gate = StreamGate(p2p) if self.security.defences else StreamGate.unbounded(p2p)
-        except BaseException:
-            await p2p.shutdown()
-            raise
-        self.gate.favoured = lambda sender: self.accept_from(sender)
-        try:
-            await self.gate.add_handler(PROTOCOL, self._on_stream, self._stream_bound())
+
+        async def register(gate: StreamGate) -> None:
+            gate.favoured = lambda sender: self.accept_from(sender)
+            await gate.add_handler(PROTOCOL, self._on_stream, self._stream_bound())
             # a relay forwards the messages of every peer behind it, so it may have more open at once
             relayed = self._stream_bound(RELAY_STREAMS_FACTOR)
-            await self.gate.add_handler(relay.RELAYED_PROTOCOL, self._on_relayed, relayed)
-            await self.gate.add_handler(HELLO_PROTOCOL, self._on_hello, self._stream_bound())
-        except BaseException:
-            await remove_all(self.gate)
-            await p2p.shutdown()
-            raise
+            await gate.add_handler(relay.RELAYED_PROTOCOL, self._on_relayed, relayed)
+            await gate.add_handler(HELLO_PROTOCOL, self._on_hello, self._stream_bound())
+
+        self.gate = await open_gate(p2p, register, bounded=self.security.defences)
         return p2p
 
     def _stream_bound(self, factor: int = 1) -> int | None:

@@ -13,12 +13,9 @@ together: the burst that an accept loop without a bound takes whole.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,7 @@ from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.stream_gate import MAX_PENDING
 from p2p_trainer.net.transport import Transport
 from tests.conftest import wait_until
+from tests.integration.unix_sockets import sampling
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,43 +35,6 @@ ENDLESS = 200
 """Streams the attacker keeps open to the victim, reopening each one the victim closes."""
 ATTACK_S = 8.0
 STALL_S = 0.5
-
-
-SAMPLER = """
-import sys, time
-path, out = sys.argv[1], sys.argv[2]
-peak = {"02": 0, "03": 0}
-end = time.monotonic() + float(sys.argv[3])
-while time.monotonic() < end:
-    counts = {"02": 0, "03": 0}
-    with open("/proc/net/unix") as table:
-        for line in table:
-            fields = line.split()
-            if len(fields) >= 8 and fields[7] == path and fields[5] in counts:
-                counts[fields[5]] += 1
-    peak = {k: max(v, counts[k]) for k, v in peak.items()}
-    with open(out + ".tmp", "w") as f:
-        f.write(f"{peak['02']} {peak['03']}")
-    __import__("os").replace(out + ".tmp", out)
-"""
-"""Samples, from a process of its own (so this one's event loops and GIL cannot hide a burst),
-the most Unix sockets bound to a path in the kernel's table at once: St 03, connected (accepted
-by the victim); St 02, connecting (queued, not accepted yet)."""
-
-
-@contextlib.contextmanager
-def _sampling(path: Path, out: Path, seconds: float) -> Iterator[Callable[[], tuple[int, int]]]:
-    sampler = subprocess.Popen([sys.executable, "-c", SAMPLER, str(path), str(out), str(seconds)])
-
-    def peaks() -> tuple[int, int]:
-        queued, held = out.read_text().split() if out.exists() else ("0", "0")
-        return int(queued), int(held)
-
-    try:
-        yield peaks
-    finally:
-        sampler.kill()
-        sampler.wait(timeout=10)
 
 
 @pytest.fixture()
@@ -130,7 +91,7 @@ def test_endless_streams_hold_a_bounded_number_of_descriptors(
     stop = threading.Event()
     attack = attacker.submit(_attack(attacker, victim_node.peer_id, stop))
     delivered = 0
-    with _sampling(gate_path, tmp_path / "peaks.txt", ATTACK_S + 30) as peaks:
+    with sampling(gate_path, tmp_path / "peaks.txt", ATTACK_S + 30) as peaks:
         start = time.monotonic()
         while time.monotonic() - start < ATTACK_S:
             victim.run(_stall(STALL_S), timeout_s=10)

@@ -252,8 +252,19 @@ def effective_config(
     for key in field_hints():
         if dotted(key) not in sources:
             by_method = key[0] == "outer" and key[1] in METHOD_DEFAULTS[cfg.outer.method]
-            sources[dotted(key)] = Source("default", f"(method {cfg.outer.method})" if by_method else "")
+            sources[dotted(key)] = Source("default", _method_note(cfg, key[1]) if by_method else "")
     return EffectiveConfig(cfg, sources)
+
+
+def _method_note(cfg: RunConfig, name: str) -> str:
+    """Why a method's default applies; DiLoCo aligns its rounds only when it overlaps one fragment."""
+    outer = cfg.outer
+    if outer.method == "diloco" and name == "align_rounds":
+        how = (
+            "overlapped, one fragment" if outer.overlap is True and outer.fragments == 1 else "not overlapped"
+        )
+        return f"(method diloco, {how})"
+    return f"(method {outer.method})"
 
 
 def load_config(

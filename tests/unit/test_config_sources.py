@@ -53,6 +53,9 @@ def test_method_from_the_environment_changes_only_the_method(tmp_path: Path) -> 
     # overlap and land_at_step are the default run's (default.toml)
     assert found.config.outer == OuterConfig(method="diloco", num_inner_steps=7, overlap=True, land_at_step=3)
     assert str(found.sources["outer.outer_momentum"]) == "default (method diloco)"
+    # DiLoCo aligns rounds because this run overlaps, and the source says so
+    assert found.config.outer.align_rounds
+    assert str(found.sources["outer.align_rounds"]) == "default (method diloco, overlapped, one fragment)"
     assert str(found.sources["outer.num_inner_steps"]) == f"file {path}"
     # the flag wins over the variable, and the method's own defaults follow the flag's method
     flagged = effective_config(path, environ={"P2PT_OUTER__METHOD": "diloco"}, method="noloco")
@@ -204,3 +207,10 @@ def test_launched_peers_do_not_apply_the_environment_again(tmp_path: Path) -> No
     # the peers inherit must not turn it back
     argv = join_argv(JoinArgs(tmp_path / "c.toml", tmp_path / "k.key", tmp_path / "run"), "--initial-peers A")
     assert argv[argv.index("join") + 1] == "--ignore-env"
+
+
+def test_diloco_alignment_source_names_the_blocking_case(tmp_path: Path) -> None:
+    path = _file(tmp_path, "[outer]\noverlap = false\nland_at_step = 0\n")
+    found = effective_config(path)
+    assert found.config.outer.method == "diloco" and not found.config.outer.align_rounds
+    assert str(found.sources["outer.align_rounds"]) == "default (method diloco, not overlapped)"

@@ -10,11 +10,13 @@ run right after with the same config.
 
     python -m bench.reagree --method diloco --kill 30:3 --kill 60:4 --out runs/reagree-diloco
     python -m bench.reagree --method factored --kill 30:3 --kill 60:4 --out runs/reagree-factored
+    python -m bench.reagree --method default --kill 20:3 --kill 45:4 --out runs/reagree-default
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import statistics
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from p2p_trainer.algo.outer import consensus_distance
-from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
+from p2p_trainer.config import DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig, load_config
 from p2p_trainer.round_log import read_log
 from p2p_trainer.run.launcher import LocalSwarm, local_options
 from p2p_trainer.train.checkpoint import atomic_write_text
@@ -31,14 +33,25 @@ from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
 
 
 def config(method: str, rounds: int, h: int) -> RunConfig:
-    return RunConfig(
+    """A small model, so that a churned and a fault-free swarm run in minutes. `default`: the
+    shipped run's [outer] and [exchange] (overlapped DiLoCo, int8 Δ) with H = `h`."""
+    cfg = RunConfig(
         seed=0,
         rounds=rounds,
         model=ModelConfig(d_model=64, n_layers=2, n_heads=2, seq_len=64),
         data=DataConfig(batch_size=8, val_batches=8),
         inner=InnerConfig(eval_every=0, warmup_steps=10),
-        outer=OuterConfig.for_method(method, num_inner_steps=h),
+        outer=OuterConfig.for_method(method if method != DEFAULT else "diloco", num_inner_steps=h),
     )
+    if method == DEFAULT:
+        shipped = load_config()
+        outer = dataclasses.replace(shipped.outer, num_inner_steps=h)
+        cfg = dataclasses.replace(cfg, outer=outer, exchange=shipped.exchange)
+    return cfg
+
+
+DEFAULT = "default"
+"""--method value for the shipped default run's outer loop and exchange."""
 
 
 def _round_of(run_dir: Path, i: int) -> int:
@@ -99,7 +112,7 @@ def final_losses(out: Path, peers: list[int]) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--method", default="diloco")
+    p.add_argument("--method", default="diloco", help=f"a method, or {DEFAULT!r}: the shipped run's")
     p.add_argument("--peers", type=int, default=5)
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--h", type=int, default=10)

@@ -9,7 +9,8 @@ So a reachable node (every bootstrap node, by default) forwards our own messages
 streams, full size. A sender that cannot open a stream to peer B opens one to relay R
 (RELAY_PROTOCOL) and names B; R opens a stream to B (RELAYED_PROTOCOL) over the connection B
 keeps to R (B dialled R when it joined), answers one byte (OPEN: go on; CLOSED: B is not
-reachable from R either), then copies the sender's three frames to B in bounded chunks and,
+reachable from R either, or R is at its total of relayed streams; a sender past its own share
+of R's streams has the stream closed unanswered), then copies the sender's three frames to B in bounded chunks and,
 once B has closed the stream after taking the message, answers OPEN once more: delivered.
 
 R is not trusted with the sender's identity. The sender signs, with its identity key, the target
@@ -158,6 +159,8 @@ class RelayService:
         await gate.add_handler(RELAY_PROTOCOL, self.handle, self.limits.per_sender_streams)
 
     def _busy(self, sender: str) -> bool:
+        # the gate (`start`) already enforces the per-sender share; this check keeps it for a
+        # service whose `handle` is registered some other way
         total = sum(self._open.values())
         return total >= self.limits.max_streams or self._open.get(sender, 0) >= self.limits.per_sender_streams
 
@@ -229,13 +232,28 @@ async def _answer(writer: asyncio.StreamWriter, byte: bytes) -> None:
     await writer.drain()
 
 
+async def _answer_of(relay: str, reader: asyncio.StreamReader) -> bytes:
+    """The relay's one-byte answer; a stream it closed unanswered (this sender past its share of
+    the relay's streams) or broke is a RelayError too."""
+    try:
+        answer = await reader.read(1)
+    except ConnectionError as exc:
+        raise RelayError(f"relay {relay[-8:]} broke the stream: {exc!r}") from None
+    if not answer:
+        raise RelayError(
+            f"relay {relay[-8:]} closed the stream unanswered (busy: too many streams from here)"
+        )
+    return answer
+
+
 async def probe_relayed(p2p: P2P, relay: str, target: str) -> bool:
     """Whether `target` answers a probe (`HELLO_PROTOCOL`) opened by `relay` (for a peer this one
-    cannot dial: behind NAT, it keeps a connection to its relays)."""
+    cannot dial: behind NAT, it keeps a connection to its relays); RelayError if the relay itself
+    did not answer."""
     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(relay), RELAY_PROTOCOL)
     try:
         await P2P.send_raw_data(bytes(msgpack.packb({"to": target, "probe": True})), writer)
-        return await reader.read(1) == OPEN
+        return await _answer_of(relay, reader) == OPEN
     finally:
         writer.close()
 
@@ -247,7 +265,7 @@ async def send_relayed(
     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(relay), RELAY_PROTOCOL)
     try:
         await P2P.send_raw_data(bytes(msgpack.packb({"to": target})), writer)
-        if await reader.read(1) != OPEN:
+        if await _answer_of(relay, reader) != OPEN:
             raise RelayError(f"relay {relay[-8:]} cannot reach {target[-8:]}")
         await P2P.send_raw_data(seal_meta(signer, target, header_raw, payload), writer)
         await P2P.send_raw_data(header_raw, writer)

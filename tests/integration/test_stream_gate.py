@@ -13,6 +13,7 @@ together: the burst that an accept loop without a bound takes whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -39,19 +40,17 @@ STALL_S = 0.5
 
 @pytest.fixture()
 def hosts(tmp_path: Path) -> Iterator[list[tuple[NetNode, Transport]]]:
-    started: list[tuple[NetNode, Transport]] = []
-    try:
+    """Three hosts; everything started is stopped, in reverse, even when a later start or stop fails."""
+    with contextlib.ExitStack() as stack:
+        started: list[tuple[NetNode, Transport]] = []
         for i in range(3):
             peers = tuple(started[0][0].visible_maddrs()) if started else ()
             node = start_node(DHTConfig(str(tmp_path / f"h{i}.key"), host="127.0.0.1", initial_peers=peers))
-            started.append(
-                (node, Transport(node.dht, 1 << 21, security=SecurityConfig(), signer=node.signer))
-            )
+            stack.callback(node.shutdown)
+            transport = Transport(node.dht, 1 << 21, security=SecurityConfig(), signer=node.signer)
+            stack.callback(transport.close)
+            started.append((node, transport))
         yield started
-    finally:
-        for node, transport in started:
-            transport.close()
-            node.shutdown()
 
 
 async def _attack(attacker: Transport, victim: str, stop: threading.Event) -> int:
@@ -92,16 +91,18 @@ def test_endless_streams_hold_a_bounded_number_of_descriptors(
     attack = attacker.submit(_attack(attacker, victim_node.peer_id, stop))
     delivered = 0
     with sampling(gate_path, tmp_path / "peaks.txt", ATTACK_S + 30) as peaks:
-        start = time.monotonic()
-        while time.monotonic() - start < ATTACK_S:
-            victim.run(_stall(STALL_S), timeout_s=10)
-            time.sleep(0.5)  # the queued streams arrive
-            key = f"m{delivered}"
-            honest.run(honest.send(victim_node.peer_id, {"key": key}, b"x" * 1000), timeout_s=20)
-            msg = victim.run(victim.mailbox.get(f"{key}|{honest_node.peer_id}", 20.0), timeout_s=25)
-            assert msg is not None and bytes(msg.payload) == b"x" * 1000
-            delivered += 1
-        stop.set()
+        try:
+            start = time.monotonic()
+            while time.monotonic() - start < ATTACK_S:
+                victim.run(_stall(STALL_S), timeout_s=10)
+                time.sleep(0.5)  # the queued streams arrive
+                key = f"m{delivered}"
+                honest.run(honest.send(victim_node.peer_id, {"key": key}, b"x" * 1000), timeout_s=20)
+                msg = victim.run(victim.mailbox.get(f"{key}|{honest_node.peer_id}", 20.0), timeout_s=25)
+                assert msg is not None and bytes(msg.payload) == b"x" * 1000
+                delivered += 1
+        finally:
+            stop.set()
         opened = attack.result(timeout=30)
         queued, peak = peaks()
 

@@ -31,6 +31,9 @@ from p2p_trainer.run.launcher import LocalSwarm, local_options
 from p2p_trainer.train.checkpoint import atomic_write_text
 from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
 
+DEFAULT = "default"
+"""--method value for the shipped default run's outer loop and exchange."""
+
 
 def config(method: str, rounds: int, h: int) -> RunConfig:
     """A small model, so that a churned and a fault-free swarm run in minutes. `default`: the
@@ -41,17 +44,12 @@ def config(method: str, rounds: int, h: int) -> RunConfig:
         model=ModelConfig(d_model=64, n_layers=2, n_heads=2, seq_len=64),
         data=DataConfig(batch_size=8, val_batches=8),
         inner=InnerConfig(eval_every=0, warmup_steps=10),
-        outer=OuterConfig.for_method(method if method != DEFAULT else "diloco", num_inner_steps=h),
     )
-    if method == DEFAULT:
-        shipped = load_config()
-        outer = dataclasses.replace(shipped.outer, num_inner_steps=h)
-        cfg = dataclasses.replace(cfg, outer=outer, exchange=shipped.exchange)
-    return cfg
-
-
-DEFAULT = "default"
-"""--method value for the shipped default run's outer loop and exchange."""
+    if method != DEFAULT:
+        return dataclasses.replace(cfg, outer=OuterConfig.for_method(method, num_inner_steps=h))
+    shipped = load_config()
+    outer = dataclasses.replace(shipped.outer, num_inner_steps=h)
+    return dataclasses.replace(cfg, outer=outer, exchange=shipped.exchange)
 
 
 def _round_of(run_dir: Path, i: int) -> int:

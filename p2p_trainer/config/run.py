@@ -147,7 +147,7 @@ class OuterConfig:
         if self.method == "diloco" and self.align_rounds is BY_METHOD:
             # overlapped, DiLoCo has no barrier: members start each background all-reduce together
             # only if their rounds start together (§1)
-            object.__setattr__(self, "align_rounds", self.overlap is True and self.fragments == 1)
+            object.__setattr__(self, "align_rounds", self.overlaps_whole_model)
         for name, value in METHOD_DEFAULTS[self.method].items():
             if getattr(self, name) is BY_METHOD:
                 object.__setattr__(self, name, value)
@@ -194,6 +194,12 @@ class OuterConfig:
     @property
     def effective_gamma(self) -> float:
         return self.outer_lr if self.gamma is None else self.gamma
+
+    @property
+    def overlaps_whole_model(self) -> bool:
+        """DiLoCo's all-reduce of the whole model runs behind the inner steps (`overlap`, one
+        fragment): the case where DiLoCo aligns its rounds by default."""
+        return self.overlap is True and self.fragments == 1
 
     @classmethod
     def for_method(cls, method: str, **overrides: Any) -> OuterConfig:

@@ -260,9 +260,7 @@ def _method_note(cfg: RunConfig, name: str) -> str:
     """Why a method's default applies; DiLoCo aligns its rounds only when it overlaps one fragment."""
     outer = cfg.outer
     if outer.method == "diloco" and name == "align_rounds":
-        how = (
-            "overlapped, one fragment" if outer.overlap is True and outer.fragments == 1 else "not overlapped"
-        )
+        how = "overlapped, one fragment" if outer.overlaps_whole_model else "not overlapped"
         return f"(method diloco, {how})"
     return f"(method {outer.method})"
 

@@ -10,8 +10,9 @@ streams, full size. A sender that cannot open a stream to peer B opens one to re
 (RELAY_PROTOCOL) and names B; R opens a stream to B (RELAYED_PROTOCOL) over the connection B
 keeps to R (B dialled R when it joined), answers one byte (OPEN: go on; CLOSED: B is not
 reachable from R either, or R is at its total of relayed streams; a sender past its own share
-of R's streams has the stream closed unanswered), then copies the sender's three frames to B in bounded chunks and,
-once B has closed the stream after taking the message, answers OPEN once more: delivered.
+of R's streams has the stream closed unanswered), then copies the sender's three frames to B in
+bounded chunks and, once B has closed the stream after taking the message, answers OPEN once
+more: delivered.
 
 R is not trusted with the sender's identity. The sender signs, with its identity key, the target
 and the sha256 of the header and of the payload; B checks the signature against the public key
@@ -144,7 +145,8 @@ class RelayService:
     def __init__(self, p2p: P2P, limits: RelayLimits = RelayLimits()) -> None:
         self.p2p = p2p
         self.limits = limits
-        self._open: dict[str, int] = {}
+        self._forwarding = 0
+        """Streams being forwarded now, all senders together (each sender's share: the gate's)."""
         self.forwarded = 0
         """Messages delivered through this relay."""
         self.probes = 0
@@ -158,19 +160,13 @@ class RelayService:
         handed over and answered first); `handle` answers CLOSED past the relay's total."""
         await gate.add_handler(RELAY_PROTOCOL, self.handle, self.limits.per_sender_streams)
 
-    def _busy(self, sender: str) -> bool:
-        # the gate (`start`) already enforces the per-sender share; this check keeps it for a
-        # service whose `handle` is registered some other way
-        total = sum(self._open.values())
-        return total >= self.limits.max_streams or self._open.get(sender, 0) >= self.limits.per_sender_streams
-
     async def handle(self, info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()  # type: ignore[attr-defined]
-        if self._busy(sender):
+        if self._forwarding >= self.limits.max_streams:
             self.refused += 1
             await _answer(writer, CLOSED)
             return
-        self._open[sender] = self._open.get(sender, 0) + 1
+        self._forwarding += 1
         try:
             await self._forward(sender, reader, writer)
         except (
@@ -183,9 +179,7 @@ class RelayService:
             self.refused += 1
             logger.info("relay from %s dropped: %s", sender[-8:], str(exc) or type(exc).__name__)
         finally:
-            self._open[sender] -= 1
-            if not self._open[sender]:
-                del self._open[sender]
+            self._forwarding -= 1
             writer.close()
 
     async def _forward(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -13,8 +13,8 @@ that already has its protocol's bound of streams open, and any connection past `
 to handlers (many identities, each within its bound) unless its sender is `favoured`.
 Connections p2pd makes meanwhile wait in the kernel's queue: p2pd's descriptors and kernel
 memory, not ours. So this process holds at most `max_pending + max_open` plus the favoured
-senders' bounds, and one sender at most `max_pending` plus its bounds. Whoever connects to the socket can claim any sender, so it is this user's alone (mode 0600, set
-before it listens). It speaks p2pd's public control protocol through hivemind's bindings;
+senders' bounds, and one sender at most `max_pending` plus its bounds. Whoever connects to the
+socket can claim any sender, so it is this user's alone (mode 0600, set before it listens). It speaks p2pd's public control protocol through hivemind's bindings;
 hivemind's own handlers (the DHT's) are untouched.
 """
 

@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -110,6 +111,7 @@ def member(args: argparse.Namespace) -> int:
     if args.busy:
         threading.Thread(target=_busy_training, args=(stop, steps), daemon=True).start()
     flat = torch.from_numpy(np.random.default_rng(args.index).standard_normal(args.floats).astype(np.float32))
+    cpu_at, faults_at = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for k in range(args.rounds):
         start_at = args.t0 + k * args.period_s
         time.sleep(max(0.0, start_at - time.time()))
@@ -124,6 +126,11 @@ def member(args: argparse.Namespace) -> int:
         row["step_s"] = statistics.median(steps[-20:]) if steps else None
         # phase 1 (until the last contribution to this member's part) and phase 2 (its results)
         row.update({"quorum_s": res.quorum_s, "sync_s": res.sync_s} if isinstance(res, Ok) else {})
+        # this process's CPU (every thread) since the last row: one period, idle time included, so
+        # sends that finish after a result are counted with the next exchange
+        row["cpu_s"], cpu_at = time.process_time() - cpu_at, time.process_time()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        row["page_faults"], faults_at = faults - faults_at, faults
         print(json.dumps(row), flush=True)
     stop.set()
     # this member has every result, but its own last results may still be on their way to the

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.wan.analysis import Evaluator, add_exchange_bytes, run_stats
+from bench.wan.analysis import Evaluator, add_exchange_bytes, fragment_params, run_stats
 from bench.wan.budget import interleaved, pick_best, split_seeds
 from bench.wan.evaluate import budget_eval, prune_snapshots
 from bench.wan.ideal import ideal_config, run_ideal
@@ -166,8 +166,9 @@ class Bench:
         )
         value_bytes = 2.0 if v.method == "hivemind" else update_value_bytes(cfg)
         stats = run_stats(
-            run_dir, run, spec.peers, spec.rate_mbit, spec.budget_s, self.ev.num_params, value_bytes
-        )
+            run_dir, run, spec.peers, spec.rate_mbit, spec.budget_s, self.ev.num_params, value_bytes,
+            fragment_params(cfg),
+        )  # fmt: skip
         ev = budget_eval(run_dir, run, spec.peers, self.ev, points, self.init_loss(seed))
         if not self.args.keep_snapshots:
             prune_snapshots(run_dir, spec.peers, ev["used_snapshots"])

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from p2p_trainer.algo.streaming import TAG as FRAGMENT_TAG
+from p2p_trainer.algo.streaming import split_fragments
 from p2p_trainer.config import RunConfig
 from p2p_trainer.round_log import RoundRecord, read_log
 from p2p_trainer.train.data import load_corpus, validation_batches
@@ -50,6 +52,25 @@ def pctl(values: list[float], q: float) -> float | None:
 def median(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(vals) if vals else None
+
+
+def exchanged_params(tag: str, group: str, num_params: int, fragment_params: list[int] | None) -> int:
+    """Values one exchange moves: the whole model's, or with Streaming DiLoCo the fragment its
+    group key names (`<run>/fragment/<round>/<fragment>/<members>`)."""
+    if tag != FRAGMENT_TAG or not fragment_params:
+        return num_params
+    fields = group.split("/")
+    if len(fields) < 5 or not fields[3].isdigit() or int(fields[3]) >= len(fragment_params):
+        raise ValueError(f"fragment exchange {group!r} names none of the {len(fragment_params)} fragments")
+    return fragment_params[int(fields[3])]
+
+
+def fragment_params(cfg: RunConfig) -> list[int] | None:
+    """Values per fragment where the run streams fragments (`outer.fragments` > 1), else None."""
+    if cfg.outer.method != "diloco" or cfg.outer.fragments <= 1:
+        return None
+    sizes = [p.numel() for p in build_model(cfg.model, cfg.seed).parameters()]
+    return [sum(sizes[i] for i in chosen) for chosen in split_fragments(sizes, cfg.outer.fragments)]
 
 
 def pair_bytes(group: int, num_params: int, value_bytes: float = 4.0) -> float:
@@ -103,6 +124,7 @@ def _peer_stats(
     rate_mbit: float,
     num_params: int,
     value_bytes: float = 4.0,
+    fragments: list[int] | None = None,
 ) -> tuple[dict[str, Any], list[float], dict[str, list[float]]]:
     """Timing from the rounds that ended within the budget (a peer that outlived the others' budget
     waits out an exchange timeout: not a round of the method); bytes theory from every round."""
@@ -121,10 +143,11 @@ def _peer_stats(
         for e in r.exchanges:
             g = e.group_size if e.group_size > 0 else peers  # hivemind: all peers
             usual = groups.get(e.tag)
+            n = exchanged_params(e.tag, e.group, num_params, fragments)
             if not e.ok:
                 # a failed exchange records a group of one, but moved (most of) its bytes first:
                 # charge it the tag's usual group
-                theory_failed += pair_bytes(statistics.mode(usual), num_params, value_bytes) if usual else 0.0
+                theory_failed += pair_bytes(statistics.mode(usual), n, value_bytes) if usual else 0.0
                 continue
             if g < 2 and e.merged and usual:
                 # a partial merge (some parts came back, others kept as own values) records the
@@ -132,9 +155,9 @@ def _peer_stats(
                 g = statistics.mode(usual)
             if g < 2:
                 continue
-            theory += pair_bytes(g, num_params, value_bytes)
+            theory += pair_bytes(g, n, value_bytes)
             if r.time_s <= budget_s:
-                bound = bound_s(g, num_params, rate_mbit, value_bytes)
+                bound = bound_s(g, n, rate_mbit, value_bytes)
                 ratios.setdefault(e.tag, []).append(e.elapsed_s / bound)
     exchanges = [e for r in rounds for e in r.exchanges]
     stats = {
@@ -155,10 +178,10 @@ def _peer_stats(
 
 def _complete_groups(
     peers_rounds: list[list[RoundRecord]], window_s: float
-) -> list[tuple[str, int, list[tuple[float, float]]]]:
+) -> list[tuple[str, int, str, list[tuple[float, float]]]]:
     """Every group exchange within the window whose members all recorded it, lined up on the
     clock the bench's peers share (`started_unix`) under the group key they share: (tag, group
-    size, each member's (start, end)). Exchanges that left a member out are skipped."""
+    size, group key, each member's (start, end)). Exchanges that left a member out are skipped."""
     by_key: dict[str, list[tuple[str, int, float, float]]] = {}
     for rounds in peers_rounds:
         for r in rounds:
@@ -170,11 +193,11 @@ def _complete_groups(
                         (e.tag, e.group_size, e.started_unix, e.started_unix + e.elapsed_s)
                     )
     out = []
-    for members in by_key.values():
+    for key, members in by_key.items():
         tag, g = members[0][0], members[0][1]
         if g < 2 or len(members) != g or any(m[1] != g for m in members):
             continue
-        out.append((tag, g, [(m[2], m[3]) for m in members]))
+        out.append((tag, g, key, [(m[2], m[3]) for m in members]))
     return out
 
 
@@ -184,6 +207,7 @@ def group_transfer_ratios(
     rate_mbit: float,
     num_params: int,
     value_bytes: float = 4.0,
+    fragments: list[int] | None = None,
 ) -> dict[str, list[float]]:
     """Per tag, each complete group exchange's time from its last member's start to its last
     member's result, over bytes / link rate.
@@ -193,9 +217,10 @@ def group_transfer_ratios(
     whole group was in it.
     """
     out: dict[str, list[float]] = {}
-    for tag, g, members in _complete_groups(peers_rounds, window_s):
+    for tag, g, key, members in _complete_groups(peers_rounds, window_s):
         span = max(end for _, end in members) - max(start for start, _ in members)
-        out.setdefault(tag, []).append(span / bound_s(g, num_params, rate_mbit, value_bytes))
+        n = exchanged_params(tag, key, num_params, fragments)
+        out.setdefault(tag, []).append(span / bound_s(g, n, rate_mbit, value_bytes))
     return out
 
 
@@ -204,7 +229,7 @@ def group_start_skew(peers_rounds: list[list[RoundRecord]], window_s: float) -> 
     member's. A blocking exchange's wait brings its members back into phase; an overlapped one
     has no such wait, and the skew is time its early members wait for their result."""
     out: dict[str, list[float]] = {}
-    for tag, _, members in _complete_groups(peers_rounds, window_s):
+    for tag, _, _, members in _complete_groups(peers_rounds, window_s):
         starts = [start for start, _ in members]
         out.setdefault(tag, []).append(max(starts) - min(starts))
     return out
@@ -232,8 +257,10 @@ def run_stats(
     budget_s: float,
     num_params: int,
     value_bytes: float = 4.0,
+    fragments: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus."""
+    """Utilisation, blocking, rounds, bytes (measured and theory), exchange time vs bound, consensus;
+    `fragments`: the values of each streamed fragment (`fragment_params`)."""
     per_peer: list[dict[str, Any]] = []
     blocked: list[float] = []
     ratios: dict[str, list[float]] = {}
@@ -244,7 +271,7 @@ def run_stats(
         if t0 is not None:  # on the swarm's clock: seconds since its shared start
             rounds = [dataclasses.replace(r, time_s=r.unix_time - t0) for r in rounds]
         peers_rounds.append(rounds)
-        stats, b, r = _peer_stats(rounds, budget_s, peers, rate_mbit, num_params, value_bytes)
+        stats, b, r = _peer_stats(rounds, budget_s, peers, rate_mbit, num_params, value_bytes, fragments)
         blocked += b
         for tag, v in r.items():
             ratios.setdefault(tag, []).extend(v)
@@ -285,7 +312,7 @@ def run_stats(
         "transfer_time_vs_bound": {
             tag: {"p50": pctl(v, 0.5), "p95": pctl(v, 0.95), "n": len(v)}
             for tag, v in group_transfer_ratios(
-                peers_rounds, budget_s, rate_mbit, num_params, value_bytes
+                peers_rounds, budget_s, rate_mbit, num_params, value_bytes, fragments
             ).items()
         },
         "start_skew_s": {

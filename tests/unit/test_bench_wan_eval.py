@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from bench.wan import bare_peer
-from bench.wan.analysis import Evaluator, _peer_stats, pair_bytes
+from bench.wan.analysis import Evaluator, _peer_stats, bound_s, fragment_params, pair_bytes
 from bench.wan.evaluate import budget_eval, prune_snapshots
 from bench.wan.ideal import ideal_config, run_ideal
 from p2p_trainer.config import ModelConfig, OuterConfig, RunConfig, to_toml
 from p2p_trainer.round_log import ExchangeRecord, RoundRecord, read_log
 from p2p_trainer.train.metrics import MetricsWriter
+from p2p_trainer.train.model import build_model
 from p2p_trainer.train.snapshots import list_snapshots, save_snapshot
 from p2p_trainer.train.trainer import lr_factor
 
@@ -91,6 +92,33 @@ def test_partial_merges_count_in_bytes_and_exchange_time() -> None:
     assert stats["theory_bytes"] == pytest.approx(2 * pair_bytes(2, 1000))
     assert stats["theory_bytes_failed"] == pytest.approx(pair_bytes(2, 1000))
     assert stats["partial_merges"] == 1 and len(ratios["mix1"]) == 2
+
+
+def test_a_streamed_fragment_is_charged_its_own_values_not_the_models() -> None:
+    def ex(rnd: int, fragment: int, elapsed_s: float) -> ExchangeRecord:
+        group = f"run/fragment/{rnd}/{fragment}/abc"
+        return ExchangeRecord("fragment", True, 4, elapsed_s=elapsed_s, blocked_s=0.0, group=group)
+
+    rounds = [
+        RoundRecord("p", t, t, k, k, 0, 1.0, None, 1.0, 0.0, 1.0, exchanges=(e,))
+        for k, (t, e) in enumerate([(1.0, ex(0, 0, 1.0)), (2.0, ex(1, 1, 1.0))])
+    ]
+    stats, _, ratios = _peer_stats(rounds, 10.0, 4, 10.0, 1000, fragments=[300, 700])
+    assert stats["theory_bytes"] == pytest.approx(pair_bytes(4, 300) + pair_bytes(4, 700))
+    # the same time is a worse ratio for the smaller fragment: its bound is shorter
+    assert ratios["fragment"] == pytest.approx([1.0 / bound_s(4, 300, 10.0), 1.0 / bound_s(4, 700, 10.0)])
+    unnamed = dataclasses.replace(rounds[0], exchanges=(dataclasses.replace(ex(0, 0, 1.0), group="run/x"),))
+    with pytest.raises(ValueError, match="names none of the 2 fragments"):
+        _peer_stats([unnamed], 10.0, 4, 10.0, 1000, fragments=[300, 700])
+
+
+def test_fragment_sizes_come_from_the_models_tensors() -> None:
+    cfg = _tiny()
+    assert fragment_params(cfg) is None
+    streamed = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, method="diloco", fragments=2))
+    sizes = fragment_params(streamed)
+    total = sum(p.numel() for p in build_model(cfg.model, cfg.seed).parameters())
+    assert sizes is not None and len(sizes) == 2 and sum(sizes) == total and min(sizes) > total / 4
 
 
 def test_the_ideal_is_exact_data_parallel_on_the_paired_streams() -> None:

@@ -117,6 +117,10 @@ def test_group_transfer_is_timed_from_the_last_members_start() -> None:
     assert ratios == {"mix1": [pytest.approx(0.064 / bound)]}
     # the same complete exchanges give the start skew: a's members started 1 s apart, c failed
     assert group_start_skew(peers, window_s=50) == {"mix1": [pytest.approx(1.0)]}
+    # a streamed fragment's exchange is held to its own values' bound, named in its key
+    streamed = [[rnd(10, ("fragment", "run/fragment/0/1/x", 2, 100.0, 0.032, True))] for _ in range(2)]
+    got = group_transfer_ratios(streamed, 50, 1.0, num_params=1000, fragments=[750, 250])
+    assert got == {"fragment": [pytest.approx(4.0)]}
 
 
 def test_landing_steps_count_rounds_after_the_first_within_the_window() -> None:

@@ -254,6 +254,11 @@ def main() -> int:
                 # the first exchange also opens the members' connections: left out of the median
                 steady = [r for r in rows if r["round"] > 0 and r["ok"]]
                 el = statistics.median(r["elapsed_s"] for r in steady) if steady else float("nan")
+                # each exchange, its members' time averaged: the slowest against the bound too
+                per_exchange = [
+                    statistics.fmean(r["elapsed_s"] for r in steady if r["round"] == k)
+                    for k in sorted({r["round"] for r in steady})
+                ]
                 late = max((r["late_start_s"] for r in rows), default=0.0)
                 step = statistics.median([r["step_s"] for r in steady if r["step_s"]] or [float("nan")])
                 s = {
@@ -265,6 +270,7 @@ def main() -> int:
                         r["elapsed_s"] for r in rows if r["round"] == 0),
                     # phase 1: until the last contribution to the member's own part; phase 2: its results
                     "quorum_s": _median_of(steady, "quorum_s"), "sync_s": _median_of(steady, "sync_s"),
+                    "slowest_vs_bound": max(per_exchange, default=math.nan) / bound_s, "rows": rows,
                 }  # fmt: skip
                 summary.append(s)
                 print(
@@ -272,6 +278,7 @@ def main() -> int:
                     f"({bound_s:.2f} s), {s['vs_tcp']:.2f} x plain TCP ({tcp_s:.2f} s = "
                     f"{s['tcp_vs_bound']:.2f} x bound); {s['ok']}/{s['of']} complete; first {s['first_exchange_s']:.2f} s"
                     + f"; phase 1 {s['quorum_s']:.2f} s, phase 2 {s['sync_s']:.2f} s (medians)"
+                    + f"; slowest exchange {s['slowest_vs_bound']:.2f} x bound"
                     + (f"; busy step {step:.2f} s" if busy else ""),
                     flush=True,
                 )

@@ -54,15 +54,15 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def exchanged_params(tag: str, group: str, num_params: int, fragment_params: list[int] | None) -> int:
+def exchanged_params(tag: str, group: str, num_params: int, fragments: list[int] | None) -> int:
     """Values one exchange moves: the whole model's, or with Streaming DiLoCo the fragment its
-    group key names (`<run>/fragment/<round>/<fragment>/<members>`)."""
-    if tag != FRAGMENT_TAG or not fragment_params:
+    group key names (`<run>/fragment/<round>/<fragment>/<members>`; `fragments`: each one's values)."""
+    if tag != FRAGMENT_TAG or not fragments:
         return num_params
     fields = group.split("/")
-    if len(fields) < 5 or not fields[3].isdigit() or int(fields[3]) >= len(fragment_params):
-        raise ValueError(f"fragment exchange {group!r} names none of the {len(fragment_params)} fragments")
-    return fragment_params[int(fields[3])]
+    if len(fields) < 5 or not fields[3].isdigit() or int(fields[3]) >= len(fragments):
+        raise ValueError(f"fragment exchange {group!r} names none of the {len(fragments)} fragments")
+    return fragments[int(fields[3])]
 
 
 def fragment_params(cfg: RunConfig) -> list[int] | None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench.wan import bare_peer
-from bench.wan.analysis import Evaluator, _peer_stats, bound_s, fragment_params, pair_bytes
+from bench.wan.analysis import Evaluator, _peer_stats, fragment_params, pair_bytes
 from bench.wan.evaluate import budget_eval, prune_snapshots
 from bench.wan.ideal import ideal_config, run_ideal
 from p2p_trainer.config import ModelConfig, OuterConfig, RunConfig, to_toml
@@ -104,9 +104,10 @@ def test_a_streamed_fragment_is_charged_its_own_values_not_the_models() -> None:
         for k, (t, e) in enumerate([(1.0, ex(0, 0, 1.0)), (2.0, ex(1, 1, 1.0))])
     ]
     stats, _, ratios = _peer_stats(rounds, 10.0, 4, 10.0, 1000, fragments=[300, 700])
-    assert stats["theory_bytes"] == pytest.approx(pair_bytes(4, 300) + pair_bytes(4, 700))
-    # the same time is a worse ratio for the smaller fragment: its bound is shorter
-    assert ratios["fragment"] == pytest.approx([1.0 / bound_s(4, 300, 10.0), 1.0 / bound_s(4, 700, 10.0)])
+    # a member of 4 sends 3/4 of its values each way, 4 bytes each: 1,800 and 4,200 bytes
+    assert stats["theory_bytes"] == pytest.approx(1800 + 4200)
+    # at 10 Mbit/s those take 1.44 and 3.36 ms: the same second is a worse ratio for the smaller
+    assert ratios["fragment"] == pytest.approx([1.0 / 1.44e-3, 1.0 / 3.36e-3])
     unnamed = dataclasses.replace(rounds[0], exchanges=(dataclasses.replace(ex(0, 0, 1.0), group="run/x"),))
     with pytest.raises(ValueError, match="names none of the 2 fragments"):
         _peer_stats([unnamed], 10.0, 4, 10.0, 1000, fragments=[300, 700])

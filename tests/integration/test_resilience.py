@@ -7,7 +7,9 @@ far below the 60 s exchange timeout. The measured pauses are printed (run with `
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import signal
 import subprocess
 import time
@@ -102,6 +104,9 @@ def _merged_share(rounds: list[RoundRecord]) -> float:
     return sum(merged) / max(1, len(merged))
 
 
+ADOPTED = re.compile(r"adopted the swarm's round (\d+) \(was at (\d+)\)")
+
+
 def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
     assert wait_all([swarm.peers[i] for i in survivors], timeout_s=200), f"{label}: survivors did not finish"
     pauses = []
@@ -109,8 +114,15 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
         assert swarm.peers[i].proc.returncode == 0, f"{label}: peer{i} crashed"
         rounds = swarm.rounds(i)
         final = final_of(swarm.run_dir, i)
-        assert final is not None and final.round == len(rounds), f"{label}: peer{i} did not finish"
-        assert [r.round for r in rounds] == list(range(len(rounds))), f"{label}: peer{i} skipped rounds"
+        assert final is not None and rounds and final.round == rounds[-1].round + 1, (
+            f"{label}: peer{i} did not finish"
+        )
+        # every round from 0, but where a survivor that fell behind adopted the swarm's later round
+        # (it logs so): starting peers of tiny rounds drift apart on a loaded machine
+        log = (swarm.run_dir / f"peer{i}" / "log.txt").read_text()
+        adopted = {(int(was), int(to)) for to, was in ADOPTED.findall(log)}
+        jumps = {(a.round + 1, b.round) for a, b in itertools.pairwise(rounds) if b.round != a.round + 1}
+        assert rounds[0].round == 0 and jumps <= adopted, f"{label}: peer{i} skipped rounds {jumps - adopted}"
         pauses.append(_max_pause(rounds))
         # peers that stop by wall time stop a few rounds apart: judge the rounds before the last four
         share = _merged_share(rounds[-12:-4])

@@ -86,6 +86,14 @@ def arms(h: int, mix2_every: list[int], wire_dtype: str, align_rounds: bool = Tr
             {"fragments": 2, "num_inner_steps": max(1, h // 2), **CANONICAL, **int8},
             family="candidate",
         ),
+        # the same over the direct data plane: the exchange behind the steps shares the peer's
+        # CPU cap, and the direct plane spends less CPU per byte than p2pd (bench.loopback_vs_gloo)
+        Variant(
+            "cand-stream-int8-direct",
+            "diloco",
+            {"fragments": 2, "num_inner_steps": max(1, h // 2), "data_plane": "direct", **CANONICAL, **int8},
+            family="candidate",
+        ),
         Variant("cand-factored-int8", "factored", {**align, **int8}, family="candidate"),
         # DiLoCo whose all-reduce runs behind the next round's inner steps (one fragment)
         Variant(

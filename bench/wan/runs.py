@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.wan.budget import swarm_t0, training_start_unix
-from p2p_trainer.config import ExchangeConfig, OuterConfig, RunConfig, to_toml
+from p2p_trainer.config import ExchangeConfig, NetworkConfig, OuterConfig, RunConfig, to_toml
 from p2p_trainer.lab.testbed import Testbed, TestbedConfig
 from p2p_trainer.lab.testbed.layout import HostSpec
 from p2p_trainer.round_log import RoundLogError, read_log
@@ -45,8 +45,8 @@ class Variant:
     name: str
     method: str
     outer: dict[str, Any] = field(default_factory=dict)
-    """OuterConfig and ExchangeConfig overrides (by field name) on top of the method's reference
-    values; for 'hivemind', the baseline peer's options (bench/wan/hivemind_peer.py)."""
+    """OuterConfig, ExchangeConfig and NetworkConfig overrides (by field name) on top of the method's
+    reference values; for 'hivemind', the baseline peer's options (bench/wan/hivemind_peer.py)."""
     family: str = ""
     """Arms of one family are alternatives of one method: the bench picks one on the tuning seeds."""
 
@@ -89,13 +89,16 @@ def variant_config(base: RunConfig, v: Variant, h: int, timeout_s: float) -> Run
             base, outer=outer, exchange=dataclasses.replace(base.exchange, timeout_s=timeout_s)
         )
     exchange_keys = {f.name for f in dataclasses.fields(ExchangeConfig)}
-    knobs = {k: value for k, value in v.outer.items() if k not in exchange_keys}
+    network_keys = {f.name for f in dataclasses.fields(NetworkConfig)}
+    knobs = {k: value for k, value in v.outer.items() if k not in exchange_keys | network_keys}
     rules = {k: value for k, value in v.outer.items() if k in exchange_keys}
+    links = {k: value for k, value in v.outer.items() if k in network_keys}
     outer = OuterConfig.for_method(v.method, **{"num_inner_steps": h, **knobs})
     # every other arm states its own exchange rules on top of the plain ones, not the shipped
     # default's: "diloco" is DiLoCo as its users run it, whatever default.toml chooses
     exchange = dataclasses.replace(ExchangeConfig(), **{"timeout_s": timeout_s, **rules})
-    return dataclasses.replace(base, outer=outer, exchange=exchange)
+    network = dataclasses.replace(base.network, **links)
+    return dataclasses.replace(base, outer=outer, exchange=exchange, network=network)
 
 
 def _start_bootstrap(tb: Testbed, out: Path, timeout_s: float = 90.0) -> tuple[subprocess.Popen[Any], str]:

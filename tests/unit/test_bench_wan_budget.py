@@ -22,7 +22,7 @@ from bench.wan.budget import (
 )
 from bench.wan.plan import ENDLESS_STEPS, anneal_steps, scheduled
 from bench.wan.summary import headline, per_seed_values, summarise
-from p2p_trainer.config import OuterConfig, RunConfig
+from p2p_trainer.config import OuterConfig, RunConfig, load_config
 from p2p_trainer.round_log import RoundRecord
 from p2p_trainer.train.trainer import lr_factor
 
@@ -169,3 +169,19 @@ def test_the_head_to_head_table_prints_every_median_with_its_range() -> None:
     row = next(line for line in table.splitlines() if line.startswith("| diloco |"))
     assert "2.810 (2.800–2.820)" in row and "2.0 (2.0–2.0) / 3.0 (3.0–3.0)" in row
     assert "0.5→0.7, 0.5→0.7, 0.5→0.7" in row
+
+
+def test_an_arm_can_name_its_data_plane_and_keeps_the_other_network_settings() -> None:
+    from bench.wan.plan import arms
+    from bench.wan.runs import variant_config
+
+    base = load_config()
+    by_name = {v.name: v for v in arms(10, [4], "float16")}
+    direct = variant_config(base, by_name["cand-stream-int8-direct"], 10, timeout_s=30.0)
+    over_p2pd = variant_config(base, by_name["cand-stream-int8"], 10, timeout_s=30.0)
+    assert direct.network.data_plane == "direct"
+    assert over_p2pd.network.data_plane == "p2pd"
+    # only the plane differs: same method, fragments, codec and every other network field
+    assert direct.outer == over_p2pd.outer and direct.exchange == over_p2pd.exchange
+    assert direct.network.heartbeat_ttl_s == base.network.heartbeat_ttl_s
+    assert direct.outer.fragments == 2 and direct.outer.num_inner_steps == 5

@@ -115,8 +115,7 @@ def member(args: argparse.Namespace) -> int:
     for k in range(args.rounds):
         start_at = args.t0 + k * args.period_s
         time.sleep(max(0.0, start_at - time.time()))
-        stall_s = args.send_stall_s if args.send_stall_s > 0 else None
-        group = GroupSpec(key=f"{GROUP_KEY}|{k}", members=members, me=transport.peer_id, send_stall_s=stall_s)
+        group = GroupSpec(key=f"{GROUP_KEY}|{k}", members=members, me=transport.peer_id)
         began = time.time()
         res = transport.run(
             butterfly_average(transport, group, flat, 1.0, time.monotonic() + args.period_s),
@@ -144,11 +143,10 @@ def member(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- harness
 def _members(
-    tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float, data_plane: str, stall_s: float
+    tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float, data_plane: str
 ) -> list[dict[str, Any]]:
     base = [sys.executable, str(Path(__file__).resolve()), "member", "--n", str(n), "--floats", str(floats)]
     base += ["--rounds", str(rounds), "--period-s", str(period_s), "--data-plane", data_plane]
-    base += ["--send-stall-s", str(stall_s)]
     base += ["--busy"] if busy else []
     t0 = time.time() + 40.0  # DHT start, joins and the member list take ~15-25 s on 2 cores
     procs = []
@@ -213,7 +211,6 @@ def main() -> int:
     m.add_argument("--initial-peer", action="append", default=[])
     m.add_argument("--busy", action="store_true")
     m.add_argument("--data-plane", choices=["direct", "p2pd"], default="direct")
-    m.add_argument("--send-stall-s", type=float, default=0.0, help="0: a phase's sends all at once.")
     p.add_argument("--peers", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--rate-mbit", type=float, default=10.0)
@@ -229,12 +226,7 @@ def main() -> int:
         "--conditions", dest="busy", nargs="+", type=lambda c: {"idle": False, "busy": True}[c],
         default=[False, True], help="idle, busy or both (default).",
     )  # fmt: skip
-    p.add_argument(
-        "--send-orders", nargs="+", choices=["together", "in-turn"], default=["together"],
-        help="A phase's sends all at once, or one at a time (allreduce._Turns); each is measured.",
-    )  # fmt: skip
-    p.add_argument("--stall-s", type=float, default=2.0, help="In turn: how long a send may hold the next.")
-    p.add_argument("--out", type=Path, default=None, help="Write the rows and summary (a JSON file).")
+    p.add_argument("--out", type=Path, default=None, help="Write the rows and summary here as JSON.")
     args = p.parse_args()
     if args.mode == "member":
         return member(args)
@@ -257,10 +249,8 @@ def main() -> int:
         hosts = tuple(HostSpec(f"h{i}", args.rate_mbit, args.rate_mbit, args.cpu_cores) for i in range(n))
         with Testbed(TestbedConfig(hosts=hosts)) as tb:
             tcp_s = _tcp_floor(tb, n, int(nbytes))
-            arms = [(p, b, o) for p in args.data_planes for b in args.busy for o in args.send_orders]
-            for plane, busy, order in arms:
-                stall_s = args.stall_s if order == "in-turn" else 0.0
-                rows = _members(tb, n, busy, args.rounds, args.floats, period, plane, stall_s)
+            for plane, busy in [(plane, busy) for plane in args.data_planes for busy in args.busy]:
+                rows = _members(tb, n, busy, args.rounds, args.floats, period, plane)
                 # the first exchange also opens the members' connections: left out of the median
                 steady = [r for r in rows if r["round"] > 0 and r["ok"]]
                 el = statistics.median(r["elapsed_s"] for r in steady) if steady else float("nan")
@@ -273,7 +263,6 @@ def main() -> int:
                 step = statistics.median([r["step_s"] for r in steady if r["step_s"]] or [float("nan")])
                 s = {
                     "peers": n, "condition": "busy" if busy else "idle", "data_plane": plane, "bytes_each_way": nbytes,
-                    "send_order": order, "stall_s": stall_s,
                     "bound_s": bound_s, "tcp_s": tcp_s, "exchange_s": el, "vs_bound": el / bound_s,
                     "vs_tcp": el / tcp_s, "tcp_vs_bound": tcp_s / bound_s, "ok": len(steady),
                     "of": len([r for r in rows if r["round"] > 0]), "max_late_start_s": late,
@@ -285,7 +274,7 @@ def main() -> int:
                 }  # fmt: skip
                 summary.append(s)
                 print(
-                    f"{n} peers, {plane:>6}, {s['condition']:>4}, {order:>8}: exchange {el:.2f} s = {s['vs_bound']:.2f} x bound "
+                    f"{n} peers, {plane:>6}, {s['condition']:>4}: exchange {el:.2f} s = {s['vs_bound']:.2f} x bound "
                     f"({bound_s:.2f} s), {s['vs_tcp']:.2f} x plain TCP ({tcp_s:.2f} s = "
                     f"{s['tcp_vs_bound']:.2f} x bound); {s['ok']}/{s['of']} complete; first {s['first_exchange_s']:.2f} s"
                     + f"; phase 1 {s['quorum_s']:.2f} s, phase 2 {s['sync_s']:.2f} s (medians)"

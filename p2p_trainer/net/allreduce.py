@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,9 +103,6 @@ class GroupSpec:
     state_digest: bytes = b""
     """Sent with each contribution ("sd"); the owner notes whether every merged one carried the
     same (`ExchangeRequest.state_digest`)."""
-    send_stall_s: float | None = None
-    """None: a phase's sends all start at once. Else one at a time, member me+1 first (mod n),
-    each once the one before is delivered or has run this long (`_Turns`)."""
 
 
 @dataclass
@@ -305,49 +302,6 @@ async def _gather_results(
     return sizes, left_out, late, received, rejected
 
 
-class _Turns:
-    """A phase's sends, started one at a time in the order they are given.
-
-    Every member sending to me+1, me+2, ... (mod n) in turn means each member's uplink carries one
-    flow and its downlink receives one at a time while the members keep pace: on a shaped link,
-    several flows share one shallow queue, each with a small congestion window, and lose more
-    of the link's time to recovery than one flow does. A send that has run `stall_s` (a member
-    that is slow, stalled or gone) no longer holds the next one back."""
-
-    def __init__(self, stall_s: float | None) -> None:
-        self.stall_s = stall_s
-        self._last: tuple[asyncio.Task[bool], asyncio.Event] | None = None
-
-    def start(self, job: Callable[[], Coroutine[Any, Any, bool]]) -> asyncio.Task[bool]:
-        if self.stall_s is None:
-            return asyncio.create_task(job())
-        began = asyncio.Event()
-        task = asyncio.create_task(self._after(self._last, began, job))
-        self._last = (task, began)
-        return task
-
-    async def _after(
-        self,
-        last: tuple[asyncio.Task[bool], asyncio.Event] | None,
-        began: asyncio.Event,
-        job: Callable[[], Coroutine[Any, Any, bool]],
-    ) -> bool:
-        try:
-            if last is not None:
-                previous, previous_began = last
-                await previous_began.wait()
-                await asyncio.wait([previous], timeout=self.stall_s)
-        finally:  # cancelled while waiting: the next send must not wait for this one forever
-            began.set()
-        return await job()
-
-
-def turn_order(me: int, members: list[int], n: int) -> list[int]:
-    """`members` in the order me+1, me+2, ... (mod n): in step s every member sends to the one s
-    places after it, so no member receives from two at once."""
-    return sorted(members, key=lambda j: (j - me) % n)
-
-
 def _finish_in_background(sends: list[asyncio.Task[Any]], transport: Transport, key: str) -> None:
     async def finish() -> None:
         await asyncio.gather(*sends, return_exceptions=True)
@@ -391,7 +345,7 @@ async def butterfly_average(
     # (what the codec dropped) is exactly what the group did not get
     sent = group.codec.roundtrip(data) if group.codec.lossy else data
     others = [j for j in range(n) if j != me]
-    reached = turn_order(me, [j for j in others if group.members[j] not in group.excluded], n)
+    reached = [j for j in others if group.members[j] not in group.excluded]
     short = [m[-8:] for m in group.members]
     checks = None
     if group.defence is not None:
@@ -416,11 +370,9 @@ async def butterfly_average(
             delivered += len(payload)
         return ok
 
-    turns = {"c": _Turns(group.send_stall_s), "r": _Turns(group.send_stall_s)}
-
     def send(j: int, phase: str, part: int, payload: bytes, extra: dict[str, object]) -> asyncio.Task[bool]:
         header = {"key": f"{group.key}|{phase}|{part}", **extra}
-        return turns[phase].start(lambda: deliver(j, header, payload))
+        return asyncio.create_task(deliver(j, header, payload))
 
     def contribution(j: int) -> tuple[bytes, dict[str, object]]:
         a, b = bounds[j]

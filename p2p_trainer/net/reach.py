@@ -77,8 +77,8 @@ async def serve_dialback(info: object, reader: asyncio.StreamReader, writer: asy
     try:
         request = msgpack.unpackb(await asyncio.wait_for(read_frame(reader, _MAX_REQUEST_BYTES), 10.0))
         port = request.get("port") if isinstance(request, dict) else None
-        if not isinstance(port, int) or not 0 < port < 65536:
-            return
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            return  # a bool is an int to Python: true would have us dial port 1
         seen = info.addr  # type: ignore[attr-defined]
         ip = ip_of(seen)
         error = "its connection here is relayed, not direct" if ip is None else await _dial(ip, port)

@@ -1,10 +1,15 @@
 """Pieces of the NAT support that need no network: relayed-message signatures, the reachability
-advice, multiaddr parsing, and NAT layouts in the testbed config."""
+advice, multiaddr parsing, the dial-back request check, and NAT layouts in the testbed config."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
+import msgpack
 import nacl.signing
 import pytest
+from hivemind.p2p import P2P
 
 from p2p_trainer.lab.testbed import HostSpec, TestbedConfig, TestbedConfigError
 from p2p_trainer.lab.testbed import nat as tb_nat
@@ -61,6 +66,62 @@ def test_advice_says_what_was_found_and_what_to_do() -> None:
     assert "with --relay off" in reach.advice(natted, "off")[1]
     unknown = reach.Reachability(None, 4000, (), detail="no dial-back answer (no bootstrap node to ask)")
     assert reach.advice(unknown, "auto")[0].startswith("reachability: not checked: no dial-back answer")
+
+
+class _Writer:
+    """A stream's writing end that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.written += data
+
+    async def drain(self) -> None:
+        """Nothing to wait for."""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _dialback(port: object, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], _Writer]:
+    """Have a checker serve one dial-back request naming `port` over a direct connection; returns
+    the dials it tried (none is made: `_dial` is replaced) and its answer."""
+    dialled: list[tuple[str, int]] = []
+
+    async def dial(ip: str, port: int) -> str:
+        dialled.append((ip, port))
+        return ""
+
+    monkeypatch.setattr(reach, "_dial", dial)
+
+    async def serve() -> _Writer:
+        request = msgpack.packb({"port": port})
+        reader = asyncio.StreamReader()
+        reader.feed_data(len(request).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + request)
+        reader.feed_eof()
+        writer = _Writer()
+        info = SimpleNamespace(addr="/ip4/192.0.2.7/tcp/4001")
+        await reach.serve_dialback(info, reader, writer)  # type: ignore[arg-type]
+        return writer
+
+    return dialled, asyncio.run(serve())
+
+
+def test_a_dialback_request_with_a_port_is_dialled_and_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    dialled, writer = _dialback(4001, monkeypatch)
+    assert dialled == [("192.0.2.7", 4001)] and writer.closed
+    reply = msgpack.unpackb(bytes(writer.written[P2P.HEADER_LEN :]))
+    assert reply == {"seen": "/ip4/192.0.2.7/tcp/4001", "ip": "192.0.2.7", "port": 4001, "error": ""}
+
+
+@pytest.mark.parametrize("port", [True, False, "4001", 4001.0, 0, 65536])
+def test_a_dialback_request_whose_port_is_no_port_number_is_refused_without_a_dial(
+    port: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dialled, writer = _dialback(port, monkeypatch)  # a bool too, though Python takes it for an int
+    assert dialled == [] and writer.written == b"" and writer.closed, (dialled, bytes(writer.written))
 
 
 def test_nat_layouts_are_validated() -> None:

@@ -2,8 +2,9 @@
 
 Two measurements, the same machine, the same run:
 
-1. **End to end.** `p2p-trainer local` on the default config (the 0.84M byte-level GPT, factored
-   mixing, pairs), `--peers P --rounds R`, once with `[security] defences = true` (the default) and
+1. **End to end.** `p2p-trainer local` on the packaged default config (`default.toml`: the 0.84M
+   byte-level GPT, overlapped DiLoCo with int8 updates), `--peers P` for its own rounds (or
+   `--rounds R`), once with `[security] defences = true` (the default) and
    once with `defences = false`, for each report seed; the arms alternate (on, off, off, on, ...) so
    drift of a shared machine cancels. Reported: each arm's median mean-utilisation (compute time
    over wall time, from `summary.json`) with its spread, and the median of the per-seed
@@ -13,7 +14,7 @@ Two measurements, the same machine, the same run:
    median of many repetitions; with the default run's per-round counts this gives the checks'
    share of a round, which does not depend on the other processes' noise.
 
-    .venv/bin/python -m bench.security_cost [--peers 2] [--rounds 5] [--seeds 1,2,3] [--out DIR]
+    .venv/bin/python -m bench.security_cost [--peers 2] [--rounds R] [--seeds 1,2,3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,19 +34,20 @@ from typing import Any
 import nacl.signing
 import numpy as np
 
-from p2p_trainer.config import RunConfig, SecurityConfig, to_toml
+from p2p_trainer.config import SecurityConfig, load_config, to_toml
 from p2p_trainer.net import envelope
 from p2p_trainer.net.robust import Defence, Penalties, Scale, check_contribution, check_result
 from p2p_trainer.train.model import build_model
 
 
-def run_arm(defences: bool, seed: int, peers: int, rounds: int, out: Path) -> dict[str, Any]:
-    cfg = dataclasses.replace(RunConfig(), security=SecurityConfig(defences=defences))
+def run_arm(defences: bool, seed: int, peers: int, rounds: int | None, out: Path) -> dict[str, Any]:
+    cfg = dataclasses.replace(load_config(), security=SecurityConfig(defences=defences))
+    cfg = cfg if rounds is None else dataclasses.replace(cfg, rounds=rounds)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "arm.toml"
     config.write_text(to_toml(cfg))
     argv = [sys.executable, "-m", "p2p_trainer", "local", "--config", str(config), "--peers", str(peers)]
-    argv += ["--rounds", str(rounds), "--seed", str(seed), "--run-dir", str(out / "run"), "--no-live"]
+    argv += ["--seed", str(seed), "--run-dir", str(out / "run"), "--no-live"]
     t0 = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -72,7 +74,7 @@ def _median_s(fn: Any, reps: int) -> float:
 
 def per_operation(peers: int) -> dict[str, float]:
     """Median seconds of each check, and their sum per round of the default run."""
-    cfg = RunConfig()
+    cfg = load_config()
     n = build_model(cfg.model, cfg.seed).num_params()
     signer = envelope.Signer(nacl.signing.SigningKey(bytes(range(32))))
     body = b"x" * 300  # a heartbeat body is about this size
@@ -91,9 +93,9 @@ def per_operation(peers: int) -> dict[str, float]:
     contribution_s = _median_s(lambda: check_contribution(other, scale, defence), 30)
     result_s = _median_s(lambda: check_result(other, scale, defence), 30)
     # per round of the default run, per peer: one heartbeat sealed per view period (2 s) and one
-    # read of every peer's, and for each of its exchanges (factored: 2 tags) one contribution
-    # checked on its own part and one result checked on the other's
-    exchanges = 2
+    # read of every peer's, and for each of its exchanges (DiLoCo: one, factored: two tags) one
+    # contribution checked on its own part and one result checked on the other's
+    exchanges = 2 if cfg.outer.method == "factored" else 1
     per_round = exchanges * (contribution_s + result_s)
     return {
         "params": float(n),
@@ -109,7 +111,7 @@ def per_operation(peers: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=None, help="default: the config's own")
     ap.add_argument("--seeds", default="1,2,3", help="report seeds (nothing is tuned here)")
     ap.add_argument("--out", default=None, help="directory for runs and results.json")
     args = ap.parse_args(argv)

@@ -53,6 +53,8 @@ class Outcome:
     """Inner steps each left out (alignment, catching up with an adopted state)."""
     fd_peak: int
     """Most file descriptors an honest peer's process held at once (streams in, files, sockets)."""
+    rss_peak_mb: float
+    """Largest resident memory an honest peer's process held (its own, p2pd not counted), in MiB."""
     attacker_log: str
     wall_s: float
 
@@ -72,7 +74,7 @@ class Outcome:
             f"{self.attack}: exit {self.codes}, val loss {losses} (clean {clean:.4g}, "
             f"{self.mean_loss / clean - 1:+.1%}), rounds {self.rounds} to {self.final_rounds}, merged "
             f"{[round(s, 2) for s in self.merged_share]}, skipped {self.skipped_steps}, "
-            f"fds at most {self.fd_peak}, {self.wall_s:.0f} s"
+            f"fds at most {self.fd_peak}, RSS at most {self.rss_peak_mb:.0f} MiB, {self.wall_s:.0f} s"
         )
 
 
@@ -91,12 +93,26 @@ def _fds(pid: int) -> int:
         return 0
 
 
-class FdWatch:
-    """The most file descriptors any of `pids` held at once, sampled twice a second."""
+def _rss_mb(pid: int) -> float:
+    """The process's resident memory now (VmRSS), in MiB; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+class HoldWatch:
+    """The most file descriptors, and the most resident memory (VmRSS), any of `pids` held,
+    sampled twice a second."""
 
     def __init__(self) -> None:
         self.pids: list[int] = []
         self.peak = 0
+        self.rss_peak_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -107,6 +123,7 @@ class FdWatch:
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
             self.peak = max([self.peak, *(_fds(pid) for pid in self.pids)])
+            self.rss_peak_mb = max([self.rss_peak_mb, *(_rss_mb(pid) for pid in self.pids)])
 
     def close(self) -> None:
         self._stop.set()
@@ -159,7 +176,7 @@ def run_attack(
     kind = None if attack is None else attack.kind
     opts = local_options(run_dir, cfg, peers=honest + (kind == "peer"))
     victims = [load_or_create_identity(run_dir / "keys" / f"peer{i}.key").peer_id for i in range(honest)]
-    fds = FdWatch()
+    watch = HoldWatch()
     t0 = time.monotonic()
     swarm = Arena(opts)
     with swarm:
@@ -168,17 +185,18 @@ def run_attack(
         if attack is not None and kind in ("records", "donor", "streams"):
             attacker = swarm.start_first(attack, victims)
         peers = [swarm.start_peer(i) for i in range(honest)]
-        fds.start([p.pid for p in peers])
+        watch.start([p.pid for p in peers])
         if attack is not None and kind == "peer":
             argv = hostile_peer_argv(peer_args(opts, honest), swarm.initial_peers, attack)
             attacker = swarm.start_argv(honest, f"peer{honest}", argv)
         try:
             wait_all(peers, timeout_s)
         finally:
-            fds.close()
+            watch.close()
         codes = [p.proc.poll() for p in peers]
     log = None if attacker is None else run_dir / attacker.name / "log.txt"
-    return _outcome(run_dir, str(attack) if attack else "clean", honest, codes, fds.peak, log, t0)
+    name = str(attack) if attack else "clean"
+    return _outcome(run_dir, name, honest, codes, (watch.peak, watch.rss_peak_mb), log, t0)
 
 
 def _outcome(
@@ -186,7 +204,7 @@ def _outcome(
     name: str,
     honest: int,
     codes: list[int | None],
-    fd_peak: int,
+    held: tuple[int, float],
     attacker_log: Path | None,
     t0: float,
 ) -> Outcome:
@@ -200,7 +218,8 @@ def _outcome(
         final_rounds=[log.finals[0].round if log.finals else None for log in logs],
         merged_share=[_merged(log.rounds) for log in logs],
         skipped_steps=[sum(r.skipped_steps for r in log.rounds) for log in logs],
-        fd_peak=fd_peak,
+        fd_peak=held[0],
+        rss_peak_mb=held[1],
         attacker_log=text,
         wall_s=time.monotonic() - t0,
     )

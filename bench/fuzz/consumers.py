@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from bench.fuzz.decoders import _CLOSED_SWARM, _REVOCATIONS, _REVOKED
-from bench.fuzz.fakes import _DictDHT, _store
+from bench.fuzz.fakes import DictDHT, _store
 from bench.fuzz.inputs import _PEERS, _changed_chars, _flips, _peer_index
 from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
@@ -43,7 +43,7 @@ Published = tuple[int, int, list[int], Any]
 def fuzz_revocation_records(published: list[Published]) -> None:
     """Revocation records in the DHT, read by a peer of the closed swarm: only the owner's own
     revocation keeps a peer out, and it does once a record sealed by its publisher carries it."""
-    dht, key = _DictDHT(), revocation.revocations_key("fuzz")
+    dht, key = DictDHT(), revocation.revocations_key("fuzz")
     carried = {}
     for owner, sealer, flips, texts in published:
         body = records.pack({"revoked": texts}) if isinstance(texts, list) else texts
@@ -75,7 +75,7 @@ def fuzz_entry_checks(
     """A joiner's checks on entry, over run definitions, heartbeats and liveness records: it is
     refused (the run's definition differs, its identity is live) exactly when records validly
     signed by their owners say so."""
-    dht = _DictDHT()
+    dht = DictDHT()
     defined: dict[int, records.RunDefinition | None] = {}
     beating: dict[int, bool] = {}
     claimed: dict[int, str | None] = {}

@@ -107,7 +107,7 @@ class _P2P:
         return None, _stream(self.answer), self.opened
 
 
-class _DictDHT:
+class DictDHT:
     """A dict with hivemind's shapes: an entry has `.value` and `.expiration_time`; a key with
     subkeys holds a map of them."""
 
@@ -117,7 +117,7 @@ class _DictDHT:
         expiration_time: float
 
     def __init__(self) -> None:
-        self.data: dict[str, _DictDHT.Entry] = {}
+        self.data: dict[str, DictDHT.Entry] = {}
 
     def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> bool:
         if subkey is None:
@@ -132,7 +132,7 @@ class _DictDHT:
 
 
 def _store(
-    dht: _DictDHT, key: str, owner: int, sealer: int, body: bytes, flips: list[int], subkey: bool = True
+    dht: DictDHT, key: str, owner: int, sealer: int, body: bytes, flips: list[int], subkey: bool = True
 ) -> bool:
     """Store `body` for peer `owner` (under its subkey of `key`, or `key` itself), sealed by peer
     `sealer` and then bit-flipped; True if what is stored is what the owner's key sealed."""

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import msgpack
 import pytest
+import torch
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
@@ -24,6 +25,14 @@ from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.frames import FrameReader
 
 CASES = 100
+
+
+@pytest.fixture(autouse=True)
+def subnormal_floats() -> None:
+    """Hypothesis generates subnormal floats and refuses to run where they flush to zero, which a
+    peer's training thread turns on (`inner.flush_denormal`); a test that ran a peer in this
+    process before would leave it on."""
+    torch.set_flush_denormal(False)
 
 
 @pytest.mark.parametrize("name", sorted(fuzz.TARGETS))

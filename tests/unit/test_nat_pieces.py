@@ -11,6 +11,7 @@ import nacl.signing
 import pytest
 from hivemind.p2p import P2P
 
+from bench.fuzz.fakes import Wire
 from p2p_trainer.lab.testbed import HostSpec, TestbedConfig, TestbedConfigError
 from p2p_trainer.lab.testbed import nat as tb_nat
 from p2p_trainer.net import message_relay as relay
@@ -68,24 +69,7 @@ def test_advice_says_what_was_found_and_what_to_do() -> None:
     assert reach.advice(unknown, "auto")[0].startswith("reachability: not checked: no dial-back answer")
 
 
-class _Writer:
-    """A stream's writing end that keeps what is written."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.written += data
-
-    async def drain(self) -> None:
-        """Nothing to wait for."""
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def _dialback(port: object, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], _Writer]:
+def _dialback(port: object, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]], Wire]:
     """Have a checker serve one dial-back request naming `port` over a direct connection; returns
     the dials it tried (none is made: `_dial` is replaced) and its answer."""
     dialled: list[tuple[str, int]] = []
@@ -96,12 +80,12 @@ def _dialback(port: object, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple
 
     monkeypatch.setattr(reach, "_dial", dial)
 
-    async def serve() -> _Writer:
+    async def serve() -> Wire:
         request = msgpack.packb({"port": port})
         reader = asyncio.StreamReader()
         reader.feed_data(len(request).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + request)
         reader.feed_eof()
-        writer = _Writer()
+        writer = Wire()
         info = SimpleNamespace(addr="/ip4/192.0.2.7/tcp/4001")
         await reach.serve_dialback(info, reader, writer)  # type: ignore[arg-type]
         return writer

@@ -9,6 +9,7 @@ import pytest
 import torch
 from nacl.signing import SigningKey
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.lab.adversary.donor import poisoned_state
@@ -181,39 +182,17 @@ def test_a_joiner_refuses_a_state_that_predicts_its_validation_data_worse_than_i
     assert all(torch.equal(p, a) for p, a in zip(joiner.params, joiner.state.anchor, strict=True))
 
 
-class FakeDHT:
-    """A dict DHT with hivemind's shapes (ValueWithExpiration-like entries, subkey maps)."""
-
-    class Entry:
-        def __init__(self, value: object, expiration_time: float) -> None:
-            self.value, self.expiration_time = value, expiration_time
-
-    def __init__(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def store(self, key: Any, value: Any, expiration_time: float, subkey: Any = None) -> bool:
-        if subkey is None:
-            self.data[key] = self.Entry(value, expiration_time)
-        else:
-            entry = self.data.setdefault(key, self.Entry({}, expiration_time))
-            entry.value[subkey] = self.Entry(value, expiration_time)
-        return True
-
-    def get(self, key: Any, latest: bool = False) -> Any:
-        return self.data.get(key)
-
-
 SIGNERS = [Signer(SigningKey(bytes([40 + i]) * 32)) for i in range(4)]
 OURS = RunDefinition({"method": "factored", "seed": 0})
 OTHER = RunDefinition({"method": "diloco", "seed": 0})
 
 
-def live(dht: FakeDHT, signer: Signer) -> None:
+def live(dht: DictDHT, signer: Signer) -> None:
     hb = Heartbeat(signer.peer_id, 1, 0, None, 0.0, "0.1.0", records.now())
     records.publish_heartbeat(dht, "run", hb, 30, signer)
 
 
-def publish_definition(dht: FakeDHT, signer: Signer, definition: RunDefinition) -> None:
+def publish_definition(dht: DictDHT, signer: Signer, definition: RunDefinition) -> None:
     """Store a definition without the publisher's own check (a forger skips it)."""
     key, expiration = records.run_definition_key("run"), records.now() + 30
     dht.store(
@@ -223,7 +202,7 @@ def publish_definition(dht: FakeDHT, signer: Signer, definition: RunDefinition) 
 
 def test_a_forged_run_definition_does_not_lock_out_joiners(caplog: pytest.LogCaptureFixture) -> None:
     honest, forger, joiner, late = SIGNERS
-    dht = FakeDHT()
+    dht = DictDHT()
     records.check_run_definition(dht, "run", OURS, 30, honest)
     publish_definition(dht, forger, OTHER)
     for signer in (honest, forger):
@@ -233,14 +212,14 @@ def test_a_forged_run_definition_does_not_lock_out_joiners(caplog: pytest.LogCap
     assert "1 peer(s) of run 'run' publish another run definition; joining" in caplog.text
     assert set(records.read_definitions(dht, "run")) == {honest.peer_id, forger.peer_id, joiner.peer_id}
     # a swarm whose live peers all publish another definition refuses, listing the fields
-    theirs = FakeDHT()
+    theirs = DictDHT()
     publish_definition(theirs, forger, OTHER)
     records.check_run_definition(theirs, "run", OURS, 30, late)  # not live: its definition does not count
     live(theirs, forger)
     with pytest.raises(RunDefinitionMismatch, match=r"method: ours='factored', swarm's='diloco'"):
         records.check_run_definition(theirs, "run", OURS, 30, joiner)
     # with the defences off, any well-formed definition counts, live or not
-    stale = FakeDHT()
+    stale = DictDHT()
     publish_definition(stale, forger, OTHER)
     with pytest.raises(RunDefinitionMismatch):
         records.check_run_definition(stale, "run", OURS, 30, joiner, verify=False)
@@ -248,7 +227,7 @@ def test_a_forged_run_definition_does_not_lock_out_joiners(caplog: pytest.LogCap
 
 def test_with_defences_off_forged_records_are_read_as_today() -> None:
     victim, forger = SIGNERS[0], SIGNERS[1]
-    dht, key = FakeDHT(), records.heartbeat_key("run")
+    dht, key = DictDHT(), records.heartbeat_key("run")
     forged = Heartbeat(victim.peer_id, 10**9, 0, None, 1e300, "0.1.0", records.now(), leaving=True)
     expiration = records.now() + 30
     dht.store(key, forger.seal(key, victim.peer_id, expiration, forged.encode()), expiration, victim.peer_id)
@@ -256,7 +235,7 @@ def test_with_defences_off_forged_records_are_read_as_today() -> None:
     assert [b for b, _ in records.read_heartbeats(dht, "run", verify=False)] == [forged]
 
 
-class FakeNode(FakeDHT):
+class FakeNode(DictDHT):
     """The parts of NetNode a SwarmView uses."""
 
     def __init__(self, signer: Signer) -> None:

@@ -35,13 +35,15 @@ import nacl.signing
 import numpy as np
 
 from p2p_trainer.config import SecurityConfig, load_config, to_toml
+from p2p_trainer.exchange.codecs import from_config
 from p2p_trainer.net import envelope
 from p2p_trainer.net.robust import Defence, Penalties, Scale, check_contribution, check_result
 from p2p_trainer.train.model import build_model
 
 
 def run_arm(defences: bool, seed: int, peers: int, rounds: int | None, out: Path) -> dict[str, Any]:
-    cfg = dataclasses.replace(load_config(), security=SecurityConfig(defences=defences))
+    cfg = load_config()
+    cfg = dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, defences=defences))
     cfg = cfg if rounds is None else dataclasses.replace(cfg, rounds=rounds)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "arm.toml"
@@ -84,12 +86,13 @@ def per_operation(peers: int) -> dict[str, float]:
         lambda: envelope.open_verified(sealed, "p2p-trainer/cost/peers", signer.peer_id, 1e9), 200
     )
     rng = np.random.default_rng(0)
-    part = n // 2  # a pair splits the vector in two parts
+    part = n // peers  # the group (every peer here) splits the vector in as many parts
     own = rng.standard_normal(part).astype(np.float32)
     ref = own - 0.01 * rng.standard_normal(part).astype(np.float32)
     other = own + 0.01 * rng.standard_normal(part).astype(np.float32)
     defence = Defence.of(SecurityConfig(), Penalties(6.0))
-    scale = Scale.of(own, ref, "f2")
+    codec, _ = from_config(cfg.exchange, update=True)  # the run's contributions' wire format
+    scale = Scale.of(own, ref, str(codec.encode(own[:4096])[1]["dt"]))
     contribution_s = _median_s(lambda: check_contribution(other, scale, defence), 30)
     result_s = _median_s(lambda: check_result(other, scale, defence), 30)
     # per round of the default run, per peer: one heartbeat sealed per view period (2 s) and one
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load,
         "load_after": os.getloadavg(),
         "peers": args.peers,
-        "rounds": args.rounds,
+        "rounds": args.rounds or load_config().rounds,
     }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print(

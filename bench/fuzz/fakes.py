@@ -135,10 +135,13 @@ def _store(
     dht: DictDHT, key: str, owner: int, sealer: int, body: bytes, flips: list[int], subkey: bool = True
 ) -> bool:
     """Store `body` for peer `owner` (under its subkey of `key`, or `key` itself), sealed by peer
-    `sealer` and then bit-flipped; True if what is stored is what the owner's key sealed."""
+    `sealer` and then bit-flipped; True if what is stored is what the owner's key sealed. A body
+    no envelope can carry is not stored (cut short, it would be a record no one sealed whole)."""
+    if len(body) > envelope.MAX_BODY_BYTES:
+        return False
     expiration = records.now() + 600.0
     name = _PEERS[owner].peer_id if subkey else None
-    sealed = _PEERS[sealer].seal(key, name, expiration, body[: envelope.MAX_BODY_BYTES])
+    sealed = _PEERS[sealer].seal(key, name, expiration, body)
     value = _flipped(sealed, flips)
     dht.store(key, value, expiration, subkey=name)
     return owner == sealer and value == sealed

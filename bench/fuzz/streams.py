@@ -123,7 +123,7 @@ def fuzz_dialback_request(data: bytes) -> None:
         size = int.from_bytes(answer.written[: direct.LENGTH_BYTES], direct.BYTEORDER)
         assert size == len(answer.written) - direct.LENGTH_BYTES, answer.written
         reply = msgpack.unpackb(bytes(answer.written[direct.LENGTH_BYTES :]))
-        assert 0 < reply["port"] < 65536 and reply["error"], reply
+        assert type(reply["port"]) is int and 0 < reply["port"] < 65536 and reply["error"], reply
 
 
 def fuzz_dialback_answer(data: bytes) -> None:

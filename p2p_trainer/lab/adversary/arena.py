@@ -53,7 +53,7 @@ class Outcome:
     """Inner steps each left out (alignment, catching up with an adopted state)."""
     fd_peak: int
     """Most file descriptors an honest peer's process held at once (streams in, files, sockets)."""
-    rss_peak_mb: float
+    rss_peak_mib: float
     """Largest resident memory an honest peer's process held (its own, p2pd not counted), in MiB."""
     attacker_log: str
     wall_s: float
@@ -74,7 +74,7 @@ class Outcome:
             f"{self.attack}: exit {self.codes}, val loss {losses} (clean {clean:.4g}, "
             f"{self.mean_loss / clean - 1:+.1%}), rounds {self.rounds} to {self.final_rounds}, merged "
             f"{[round(s, 2) for s in self.merged_share]}, skipped {self.skipped_steps}, "
-            f"fds at most {self.fd_peak}, RSS at most {self.rss_peak_mb:.0f} MiB, {self.wall_s:.0f} s"
+            f"fds at most {self.fd_peak}, RSS at most {self.rss_peak_mib:.0f} MiB, {self.wall_s:.0f} s"
         )
 
 
@@ -93,7 +93,7 @@ def _fds(pid: int) -> int:
         return 0
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mib(pid: int) -> float:
     """The process's resident memory now (VmRSS), in MiB; 0 once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -112,7 +112,7 @@ class HoldWatch:
     def __init__(self) -> None:
         self.pids: list[int] = []
         self.peak = 0
-        self.rss_peak_mb = 0.0
+        self.rss_peak_mib = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -123,7 +123,7 @@ class HoldWatch:
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
             self.peak = max([self.peak, *(_fds(pid) for pid in self.pids)])
-            self.rss_peak_mb = max([self.rss_peak_mb, *(_rss_mb(pid) for pid in self.pids)])
+            self.rss_peak_mib = max([self.rss_peak_mib, *(_rss_mib(pid) for pid in self.pids)])
 
     def close(self) -> None:
         self._stop.set()
@@ -196,7 +196,7 @@ def run_attack(
         codes = [p.proc.poll() for p in peers]
     log = None if attacker is None else run_dir / attacker.name / "log.txt"
     name = str(attack) if attack else "clean"
-    return _outcome(run_dir, name, honest, codes, (watch.peak, watch.rss_peak_mb), log, t0)
+    return _outcome(run_dir, name, honest, codes, watch, log, t0)
 
 
 def _outcome(
@@ -204,7 +204,7 @@ def _outcome(
     name: str,
     honest: int,
     codes: list[int | None],
-    held: tuple[int, float],
+    held: HoldWatch,
     attacker_log: Path | None,
     t0: float,
 ) -> Outcome:
@@ -218,8 +218,8 @@ def _outcome(
         final_rounds=[log.finals[0].round if log.finals else None for log in logs],
         merged_share=[_merged(log.rounds) for log in logs],
         skipped_steps=[sum(r.skipped_steps for r in log.rounds) for log in logs],
-        fd_peak=held[0],
-        rss_peak_mb=held[1],
+        fd_peak=held.peak,
+        rss_peak_mib=held.rss_peak_mib,
         attacker_log=text,
         wall_s=time.monotonic() - t0,
     )

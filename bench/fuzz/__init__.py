@@ -74,7 +74,7 @@ from bench.fuzz.inputs import (
     _values,
     frame,
 )
-from bench.fuzz.streams import (
+from bench.fuzz.stream_targets import (
     RELAY_LIMITS,
     Relayed,
     _relay_routes,

@@ -8,13 +8,13 @@ import msgpack
 import pytest
 from nacl.signing import SigningKey
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.config import OuterConfig
 from p2p_trainer.net import records
 from p2p_trainer.net.align import RoundAligner, steps_late
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RecordError
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
-from tests.unit.test_record_bounds import FakeDHT
 
 ME = "12D3KooWme"
 
@@ -88,7 +88,7 @@ def test_with_defences_one_peer_claiming_an_early_start_is_not_followed() -> Non
 
 def _read_back(beats: list[tuple[Signer, Heartbeat]], now: float) -> list[Heartbeat]:
     """`beats` signed, stored, read back and bounded as a view with the defences on sees them."""
-    dht = FakeDHT()
+    dht = DictDHT()
     for signer, hb in beats:
         records.publish_heartbeat(dht, "run", hb, 30, signer)
     read = [b for b, _ in records.read_heartbeats(dht, "run")]

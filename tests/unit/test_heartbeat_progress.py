@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.net import records
 from p2p_trainer.net.envelope import MAX_ENVELOPE_BYTES
 from p2p_trainer.net.reach import Reachability
@@ -17,7 +18,7 @@ from p2p_trainer.net.status_client import read_status
 from p2p_trainer.net.status_command import status_dict, status_table
 from p2p_trainer.round_log import EXCHANGE_OUTCOMES, ExchangeRecord
 from p2p_trainer.run.round_lines import round_outcome
-from tests.unit.test_record_bounds import SIGNERS, FakeDHT
+from tests.unit.test_record_bounds import SIGNERS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -164,7 +165,7 @@ def test_a_round_reports_its_worst_exchange() -> None:
 
 
 def test_status_shows_the_progress_fields_and_an_older_peer_as_unknown() -> None:
-    dht, now = FakeDHT(), records.now()
+    dht, now = DictDHT(), records.now()
     a, b = SIGNERS[:2]
     records.publish_heartbeat(dht, "run", beat(peer_id=a.peer_id, timestamp=now), 30, a)
     old = Heartbeat(b.peer_id, 3, 100, None, 0.0, "0.0.9", now)  # says none of the new fields

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.config import RunConfig
 from p2p_trainer.logs import CONTEXT, ContextFilter, formatter
 from p2p_trainer.net import records
@@ -31,7 +32,7 @@ from p2p_trainer.round_log import ExchangeRecord, FinalRecord, RoundRecord, Star
 from p2p_trainer.run.launcher import check_metrics_ports, local_options
 from p2p_trainer.run.peer_metrics import PEER_METRICS, PeerMetrics, RefusedConnections
 from p2p_trainer.run.round_lines import ObservedWriter, exchange_outcome, log_record
-from tests.unit.test_record_bounds import SIGNERS, FakeDHT
+from tests.unit.test_record_bounds import SIGNERS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -195,7 +196,7 @@ def test_local_checks_its_metrics_ports_before_it_starts(tmp_path: Path) -> None
 
 
 def test_status_shows_the_checked_heartbeats_only() -> None:
-    dht, now = FakeDHT(), records.now()
+    dht, now = DictDHT(), records.now()
     a, b, c, forger = SIGNERS
     records.publish_heartbeat(
         dht, "run", Heartbeat(a.peer_id, 12, 7680, 2.5, 4000.0, "0.1.0", now, round_started=now - 3), 30, a

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.api import OwnModelRun, _checked, run_config
 from p2p_trainer.config import OuterConfig, RunConfig, load_config
 from p2p_trainer.exchange.inprocess import InProcessSwarm
@@ -25,7 +26,7 @@ from p2p_trainer.train.workload import (
     model_fingerprint,
     to_device,
 )
-from tests.unit.test_record_bounds import SIGNERS, FakeDHT
+from tests.unit.test_record_bounds import SIGNERS
 
 
 def mlp(seed: int = 0, hidden: int = 16) -> nn.Module:
@@ -108,7 +109,7 @@ def own_run(model: nn.Module, name: str = "mine") -> OwnModelRun:
 
 
 def _refusal(ours: RunConfig, swarm: RunConfig) -> str:
-    dht = FakeDHT()
+    dht = DictDHT()
     swarm_def = RunDefinition(swarm.run_definition())
     records.check_run_definition(dht, "run", swarm_def, 30, SIGNERS[0], verify=False)
     with pytest.raises(RunDefinitionMismatch) as raised:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from nacl.signing import SigningKey
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.cli import main
 from p2p_trainer.config import ConfigError, RunConfig, SecurityConfig
 from p2p_trainer.net import envelope, records, revocation
@@ -17,7 +18,6 @@ from p2p_trainer.net.admission import Admission, InvitationError, check_entry, c
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.revocation import Revocation, RevocationError, revoke
-from tests.unit.test_record_bounds import FakeDHT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,7 +89,7 @@ def test_revoked_is_checked_and_not_part_of_the_run_definition() -> None:
 class SharedNode:
     """One peer's node over a dict DHT that several peers share."""
 
-    def __init__(self, dht: FakeDHT, signer: Signer) -> None:
+    def __init__(self, dht: DictDHT, signer: Signer) -> None:
         self.dht, self.signer, self.peer_id = dht, signer, signer.peer_id
 
     def store(self, *args: object, **kwargs: object) -> object:
@@ -106,7 +106,7 @@ class SharedNode:
 
 
 def test_published_revocations_reach_peers_whose_config_lacks_them() -> None:
-    dht = FakeDHT()
+    dht = DictDHT()
     text = revoke(OWNER, "swarm", BOB).encode()
     alice, bob, eve = PEERS
     revocation.publish(dht, "swarm", [text], 30, alice)
@@ -130,7 +130,7 @@ def test_published_revocations_reach_peers_whose_config_lacks_them() -> None:
 def test_the_view_passes_revocations_on_drops_the_peer_and_tells_it() -> None:
     from p2p_trainer.net.swarm_view import SwarmView
 
-    dht = FakeDHT()
+    dht = DictDHT()
     alice, bob, _ = PEERS
     text = revoke(OWNER, "swarm", BOB).encode()
     hb = Heartbeat(BOB, 3, 100, 2.0, 10.0, "0.1.0", records.now(), invitation=invited(BOB))
@@ -183,7 +183,7 @@ def test_the_dht_validator_stores_a_peers_own_revocation_record_only() -> None:
 
 
 def test_admitted_publishers_are_read_before_strangers_who_fill_the_bound() -> None:
-    dht = FakeDHT()
+    dht = DictDHT()
     text = revoke(OWNER, "swarm", BOB).encode()
     alice = PEERS[0]
     # strangers whose peer ids sort before Alice's, enough to fill the publishers a read looks at
@@ -198,7 +198,7 @@ def test_admitted_publishers_are_read_before_strangers_who_fill_the_bound() -> N
 
 
 def test_successive_shares_carry_every_held_revocation() -> None:
-    dht = FakeDHT()
+    dht = DictDHT()
     held = [
         revoke(OWNER, "swarm", Signer(SigningKey(bytes([120 + i]) * 32)).peer_id).encode() for i in range(20)
     ]

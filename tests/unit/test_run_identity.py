@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.fuzz.fakes import DictDHT
 from p2p_trainer.config import DataConfig, RunConfig
 from p2p_trainer.net import records
 from p2p_trainer.net.records import RunDefinition, RunDefinitionMismatch
 from p2p_trainer.train import corpus_identity
-from tests.unit.test_record_bounds import SIGNERS, FakeDHT
+from tests.unit.test_record_bounds import SIGNERS
 from tests.unit.test_tokenizers import generated_text, text_corpus, train_tokenizer
 
 
@@ -88,7 +89,7 @@ def test_the_tokenizer_is_part_of_the_run_by_content(tmp_path: Path) -> None:
 
 
 def _refusal(ours: RunConfig, swarm: RunConfig) -> str:
-    dht = FakeDHT()
+    dht = DictDHT()
     records.check_run_definition(
         dht, "run", RunDefinition(swarm.run_definition()), 30, SIGNERS[0], verify=False
     )

@@ -173,9 +173,14 @@ def check_contribution(
     )
 
 
-def check_result(result: np.ndarray, scale: Scale, defence: Defence, stretch: float = 1.0) -> str | None:
+def check_result(
+    result: np.ndarray, scale: Scale, defence: Defence, stretch: float = 1.0, count: int = 2
+) -> str | None:
     """Why a member must discard a part owner's result for its own values, or None (§10);
-    `stretch` as for `check_contribution`, for the other members the result includes."""
+    `stretch` as for `check_contribution`, for the other members the result includes, `count`
+    members in all. A weighted mean includes this member's own update, so it cannot point against
+    it; a robust mean of three or more may leave that update out (trimmed, clipped), so its result
+    is held only to the floor every contribution it merged passed (`cosine_min`)."""
     if scale.reference is None:
         return None
     own_update = scale.own_update
@@ -185,9 +190,9 @@ def check_result(result: np.ndarray, scale: Scale, defence: Defence, stretch: fl
     moved = _bounded(distance, own_update, ratio, -1.0, tol, "distance from own values")
     if moved is not None:
         return moved
-    return _bounded(
-        scale.update(result), own_update, math.inf, defence.result_cosine_min, tol, "result update"
-    )
+    robust = defence.robust_mean != "mean" and count >= 3
+    floor = min(defence.cosine_min, defence.result_cosine_min) if robust else defence.result_cosine_min
+    return _bounded(scale.update(result), own_update, math.inf, floor, tol, "result update")
 
 
 def merge(
@@ -312,5 +317,5 @@ class PartChecks:
             return self._penalised(j, values, "result")
         scale = self.scale(j)
         self._margins("result", j, values, scale)
-        why = check_result(values, scale, self.defence, self._stretch(weight, count))
+        why = check_result(values, scale, self.defence, self._stretch(weight, count), count)
         return self._penalised(j, why, "result")

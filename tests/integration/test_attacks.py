@@ -4,7 +4,7 @@ Each attack runs twice. With the defences on (`[security] defences = true`, the 
 honest peers must finish every round (exit 0, no hang) with a final validation loss within 3% of
 a clean run of the same length (three honest peers, no attacker; one run for the module). With
 the defences off, the same attack must measurably hurt them, which shows the attack is real.
-To keep `make test` short it runs eight defended arms (`IN_MAKE_TEST`); every other arm is a bench
+To keep `make test` short it runs nine defended arms (`IN_MAKE_TEST`); every other arm is a bench
 (`make bench-check`). Every arm prints its
 measurements (run with `-s`); docs/security-results.md has the table.
 """
@@ -26,6 +26,7 @@ from p2p_trainer.lab.adversary.attacks import parse_attack
 from p2p_trainer.lab.adversary.streams import CLAIMED_BYTES
 from p2p_trainer.net.identity import load_or_create_identity
 from p2p_trainer.net.stream_gate import MAX_PENDING
+from p2p_trainer.train.model import build_model
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,7 +46,7 @@ BOUNDED_WAITS = {"quorum_wait_max_s": 4.0, "grace_max_s": 2.0, "grace_min_s": 1.
 """As in the resilience tests: a member that never contributes costs a few seconds, not 30."""
 
 CONTRIBUTIONS = ["scale:1e3", "scale:1e6", "flip:10", "nan", "weight", "owner:10"]
-RECORDS = ["impersonate", "huge-round", "far-round-start", "replay", "tombstone", "flood:100"]
+RECORDS = ["impersonate", "huge-round", "far-round-start", "replay", "replay-leave", "tombstone", "flood:100"]
 STREAMS = 200
 """Endless streams the attacker holds open to each honest peer."""
 STREAM_FDS_ALLOWED = MAX_PENDING + SecurityConfig().sender_open_streams + 8
@@ -54,13 +55,20 @@ the gate's pending accepts, the attacker's bound, and the few that clean runs' p
 RSS_SLACK_MIB = 64.0
 """What an honest peer's peak resident memory may differ by between two runs of the same length
 with nothing held for an attacker (allocator and torch caches, the round a snapshot lands in)."""
-LONG_ARMS = THROUGH_THE_VIEW | {f"streams:{STREAMS}"}
+RESTART_ROUNDS = 400
+"""`replay-leave`'s arms: the arena stops one honest peer at a tenth of the rounds and starts it
+again, which takes it 10-30 s; the others must still be training when it is back (tiny rounds
+take about 0.15 s)."""
+LONG_ARMS = THROUGH_THE_VIEW | {f"streams:{STREAMS}", "replay-leave"}
 """Arms that run LONG_ROUNDS: the view attacks (above), and the endless streams, which the attacker
 opens only once it has found the honest peers, a few seconds before thirty tiny rounds end."""
+SPAM = "spam:32"
+"""A member that sends, with each exchange message, 32 complete messages of the largest size a
+peer takes, under keys no exchange reads."""
 LONE_DONOR = "donor:5"
 """A poisoned donor at a round the run could be at, first in the swarm: each honest peer, starting,
 sees it as the only donor (nothing to measure its round against, no second donor to confirm)."""
-OTHERS = ["donor", LONE_DONOR, f"streams:{STREAMS}"]
+OTHERS = ["donor", LONE_DONOR, f"streams:{STREAMS}", SPAM]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
 IN_MAKE_TEST = [
@@ -72,10 +80,11 @@ IN_MAKE_TEST = [
     LONE_DONOR,
     "flood:100",
     f"streams:{STREAMS}",
+    SPAM,
 ]
 """The defended arms `make test` runs: a contribution, a part owner's result, a forged record, a
 forged round, a poisoned donor, far ahead and alone in sight, a flood of phantom peers in an
-open swarm, and endless streams (under a minute each; `impersonate` and the streams run
+open swarm, endless streams, and a member's flood of messages nobody reads (under a minute each; `impersonate` and the streams run
 LONG_ROUNDS, with one clean run of that length). The other defended arms, and every undefended one,
 run under `make bench-check`."""
 LONG_TIMEOUT = pytest.mark.timeout(720)
@@ -94,6 +103,8 @@ ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "r
 
 
 def _rounds(name: str) -> int:
+    if name == "replay-leave":
+        return RESTART_ROUNDS
     return LONG_ROUNDS if name in LONG_ARMS else ROUNDS
 
 
@@ -127,9 +138,14 @@ def clean_long(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     return _clean_run(tmp_path_factory, LONG_ROUNDS)
 
 
+@pytest.fixture(scope="module")
+def clean_restart(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    return _clean_run(tmp_path_factory, RESTART_ROUNDS)
+
+
 def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
     """The clean run of the same length as `name`'s arms (each is run only if an arm needs it)."""
-    fixture = "clean_long" if name in LONG_ARMS else "clean"
+    fixture = {ROUNDS: "clean", LONG_ROUNDS: "clean_long", RESTART_ROUNDS: "clean_restart"}[_rounds(name)]
     out: Outcome = request.getfixturevalue(fixture)
     return out
 
@@ -166,8 +182,27 @@ def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.Fix
         memory_mib = allowed * CLAIMED_BYTES / 2**20 + RSS_SLACK_MIB
         grew = out.rss_peak_mib - clean.rss_peak_mib
         assert grew <= memory_mib, f"an honest peer's memory peaked {grew:.0f} MiB above the clean run's"
+    if name == SPAM:
+        grew = out.rss_peak_mib - clean.rss_peak_mib
+        assert grew <= _spam_memory_mib(), (
+            f"an honest peer's memory peaked {grew:.0f} MiB above the clean run's"
+        )
     if name.startswith("flood"):  # phantoms answer no probe, so no view draws them into a group
         assert min(out.merged_share) >= 0.8 * min(clean.merged_share), (out.merged_share, clean.merged_share)
+
+
+def _spam_memory_mib() -> float:
+    """What a defended peer may hold above a clean run for one member's messages nobody reads:
+    its mailbox quota (`[security] sender_mailbox_payloads` of the largest message a peer takes,
+    `run/join.py`), and what clean runs' peaks vary by."""
+    n_floats = sum(p.numel() for p in build_model(_config(True).model, seed=0).parameters())
+    quota_bytes = SecurityConfig().sender_mailbox_payloads * (8 * n_floats + 1024)
+    return quota_bytes / 2**20 + RSS_SLACK_MIB
+
+
+def _swollen(out: Outcome, clean: Outcome) -> bool:
+    """An honest peer's memory peaked above what the defended arm may hold."""
+    return out.rss_peak_mib - clean.rss_peak_mib > _spam_memory_mib()
 
 
 def _worse_loss(out: Outcome, clean: Outcome) -> bool:
@@ -182,6 +217,12 @@ def _split(out: Outcome, clean: Outcome) -> bool:
     in the loss, so attacks that split the swarm are judged by the merges they cost."""
     share = sum(out.merged_share) / len(out.merged_share)
     return _worse_loss(out, clean) or share < SPLIT * sum(clean.merged_share) / len(clean.merged_share)
+
+
+def _left_alone(out: Outcome, clean: Outcome) -> bool:
+    """One honest peer stopped averaging: far fewer of its rounds merged in full than the clean
+    run's fewest (the peer that left and came back, which the others evict as gone)."""
+    return _worse_loss(out, clean) or min(out.merged_share) < SPLIT * min(clean.merged_share)
 
 
 def _skipped(out: Outcome, clean: Outcome) -> bool:
@@ -203,11 +244,13 @@ HARM: dict[str, Harm] = {
     # with the hostile peer are what it costs
     "nan": _split,
     **{name: _split for name in ("impersonate", "replay", "tombstone", "flood:100")},
+    "replay-leave": _left_alone,
     "far-round-start": _skipped,
     "huge-round": _worse_loss,
     "donor": _worse_loss,
     LONE_DONOR: _worse_loss,
     f"streams:{STREAMS}": _held,
+    SPAM: _swollen,
 }
 
 
@@ -243,3 +286,44 @@ def test_a_closed_swarm_is_not_split_by_a_flood_of_fake_peers(tmp_path: Path, cl
     assert all(loss is not None and loss <= TOLERANCE * clean.mean_loss for loss in out.val_losses)
     # as often as in the clean run, less the slack of a loaded machine
     assert min(out.merged_share) >= 0.8 * min(clean.merged_share), (out.merged_share, clean.merged_share)
+
+
+DRIFT = "drift:5"
+"""A liar within the bounds where the reference is zero: each contribution one fixed direction, at
+5 times its own norm (the update ratio's bound is 6; a random direction passes the cosine floor)."""
+
+
+def _diloco_together(robust_mean: str) -> RunConfig:
+    """DiLoCo with all four peers (three honest, the liar) in one group: every exchange is a Δ."""
+    cfg = tiny_config("diloco", rounds=ROUNDS, h=H, **BOUNDED_WAITS)
+    outer = dataclasses.replace(cfg.outer, group_size=0)
+    return dataclasses.replace(cfg, outer=outer, security=SecurityConfig(robust_mean=robust_mean))  # type: ignore[arg-type]
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(600)
+def test_a_liar_within_the_bounds_in_one_group(tmp_path: Path) -> None:
+    """`DRIFT` in DiLoCo with all four peers in one group, merged by the plain mean and by a
+    trimmed mean (docs/algorithms.md §10). Every honest peer must train to the end with a finite
+    loss; what each rule costs is printed for docs/security-results.md, not bounded here: thirty
+    rounds of the tiny model leave both within 1% of the clean run."""
+    clean = run_attack(tmp_path / "clean", _diloco_together("mean"), None, timeout_s=_timeout_s(ROUNDS))
+    print(f"\n[diloco, one group] {clean.row(clean.mean_loss)}")
+    assert clean.finished and math.isfinite(clean.mean_loss), clean.row(clean.mean_loss)
+    attack = parse_attack(DRIFT)
+    for rule in ("mean", "trimmed"):
+        out = run_attack(tmp_path / rule, _diloco_together(rule), attack, timeout_s=_timeout_s(ROUNDS))
+        print(f"[robust_mean = {rule}] {out.row(clean.mean_loss)}")
+        assert ACTED["peer"] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
+        assert out.finished and out.final_rounds == [ROUNDS] * 3, out.row(clean.mean_loss)
+        assert all(v is not None and math.isfinite(v) for v in out.val_losses), out.row(clean.mean_loss)
+
+
+@pytest.mark.bench
+def test_a_liar_within_the_bounds_in_pairs(tmp_path: Path, clean: Outcome) -> None:
+    """What bounding buys in pairs, the default (SECURITY.md): a pair cannot outvote `DRIFT`. The
+    honest peers must train to the end; the loss it costs them is printed for
+    docs/security-results.md, not bounded here."""
+    out = _attacked(tmp_path, DRIFT, True, clean)
+    assert out.finished and out.final_rounds == [ROUNDS] * 3, out.row(clean.mean_loss)
+    assert all(v is not None and math.isfinite(v) for v in out.val_losses), out.row(clean.mean_loss)

@@ -27,7 +27,7 @@ from p2p_trainer.config import OuterConfig
 from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.exchange.interface import ZERO, ExchangeRequest, ExchangeResult, Ok
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average, part_bounds
-from p2p_trainer.net.robust import Defence, PartChecks, Penalties, Scale, merge
+from p2p_trainer.net.robust import Defence, PartChecks, Penalties, Scale, check_result, merge
 from p2p_trainer.net.stream_gate import StreamGate
 from p2p_trainer.net.transport import Mailbox, Message, SenderQuota, Transport, encode_header
 from tests.unit.fake_exchanges import Finished
@@ -412,3 +412,19 @@ def test_a_short_round_holds_a_full_rounds_update_to_a_longer_bound() -> None:
     full = np.full(4, 1.0)  # ten times the joiner's update, behind ten times its tokens
     assert checks.contribution(1, full, 1000.0) is None
     assert checks.contribution(1, full, 100.0) is not None  # the same update behind a short round
+
+
+def test_a_robust_means_result_is_held_to_the_contribution_floor() -> None:
+    """A trimmed mean of three or more may leave a member's own update out, so its honest result
+    can point somewhat against that update; a weighted mean, which includes it, cannot. A result
+    reversed outright is refused under either rule."""
+    own = np.zeros(8)
+    own[0] = 1.0  # the update, against a zero reference
+    scale = Scale.of(own, np.zeros(0), "f4")
+    aside = np.zeros(8)
+    aside[:2] = (-0.3, 0.95)  # cosine -0.3 with the own update, no further away than honest peers
+    reversed_ = -own
+    for rule, count, accepted in (("mean", 3, False), ("trimmed", 3, True), ("trimmed", 2, False)):
+        defence = Defence.of(SecurityConfig(robust_mean=rule), Penalties(1.0))  # type: ignore[arg-type]
+        assert (check_result(aside, scale, defence, count=count) is None) == accepted, (rule, count)
+        assert check_result(reversed_, scale, defence, count=count) is not None, (rule, count)

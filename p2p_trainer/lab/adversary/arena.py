@@ -4,6 +4,8 @@
 there first: forged records, a poisoned donor, endless streams; with them for a hostile
 training peer), waits for the honest peers to finish their rounds, stops and reaps
 everything by PID (`LocalSwarm`), and returns an `Outcome` read from the honest peers' metrics.
+For an attack on a peer that comes back (`RESTARTS`), the first honest peer leaves cleanly a
+tenth of the way through its rounds and starts again under the same identity.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import statistics
 import threading
 import time
@@ -29,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 ATTACKER = -1
 """The attacker's key among `LocalSwarm.peers` (so that `stop` stops it with the peers)."""
+RESTARTS = {"replay-leave"}
+"""Attacks whose victim must leave and come back during the run."""
 DONOR_ADVERTISE_S = 40.0
 """How long the poisoned donor advertises itself: the honest peers' entry (which takes 20 s on a
 loaded machine), not much of their training."""
@@ -190,6 +195,9 @@ def run_attack(
             argv = hostile_peer_argv(peer_args(opts, honest), swarm.initial_peers, attack)
             attacker = swarm.start_argv(honest, f"peer{honest}", argv)
         try:
+            if attack is not None and attack.name in RESTARTS:
+                peers[0] = _restart(swarm, 0, max(1, cfg.rounds // 10), timeout_s)
+                watch.pids[0] = peers[0].pid
             wait_all(peers, timeout_s)
         finally:
             watch.close()
@@ -197,6 +205,21 @@ def run_attack(
     log = None if attacker is None else run_dir / attacker.name / "log.txt"
     name = str(attack) if attack else "clean"
     return _outcome(run_dir, name, honest, codes, watch, log, t0)
+
+
+def _restart(swarm: LocalSwarm, i: int, after_round: int, timeout_s: float) -> Child:
+    """Stop peer `i` cleanly (SIGINT: it leaves a tombstone) once it has recorded `after_round`,
+    then start it again under the same identity; the new process."""
+    path = swarm.opts.run_dir / f"peer{i}" / "metrics.jsonl"
+    child = swarm.peers[i]
+    deadline = time.monotonic() + timeout_s
+    while child.alive() and time.monotonic() < deadline:
+        if path.exists() and any(r.round >= after_round for r in read_log(path).rounds):
+            break
+        time.sleep(0.2)
+    child.stop(timeout_s=60, sig=signal.SIGINT, wait_tree=False)
+    logger.info("peer%d left at round %d or later; starting it again", i, after_round)
+    return swarm.start_peer(i)
 
 
 def _outcome(
@@ -213,9 +236,10 @@ def _outcome(
     return Outcome(
         attack=name,
         codes=codes,
-        val_losses=[log.finals[0].val_loss if log.finals else None for log in logs],
+        # the last final record: a peer that left and came back (`RESTARTS`) wrote one per life
+        val_losses=[log.finals[-1].val_loss if log.finals else None for log in logs],
         rounds=[len(log.rounds) for log in logs],
-        final_rounds=[log.finals[0].round if log.finals else None for log in logs],
+        final_rounds=[log.finals[-1].round if log.finals else None for log in logs],
         merged_share=[_merged(log.rounds) for log in logs],
         skipped_steps=[sum(r.skipped_steps for r in log.rounds) for log in logs],
         fd_peak=held.peak,

@@ -5,7 +5,9 @@ stores, once per period, with expirations later than the honest peers' own so th
 of a subkey wins (hivemind keeps the entry with the latest expiration). Records are sealed the
 way honest ones are (`net/envelope.py`), with the keys the attacker holds: its own for records
 of its own id, a fresh key per phantom in a flood, and its own again for records under an honest
-peer's id (it cannot have theirs). A replay stores an honest peer's sealed record as read.
+peer's id (it cannot have theirs). A replay stores an honest peer's sealed record as read: its
+first heartbeat (`replay`), or the tombstone it left behind when it stopped (`replay-leave`),
+which evicts it from the views that believe it once it has come back.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Seen:
     """Latest round of each peer id whose heartbeat decodes."""
     first: dict[str, bytes] = field(default_factory=dict)
     """The first raw record seen under each subkey (what a replay stores again)."""
+    tombstones: dict[str, bytes] = field(default_factory=dict)
+    """The latest raw tombstone (a heartbeat saying `leaving`) seen under each subkey."""
 
     def read(self, dht: DHTLike, run_name: str) -> None:
         found = dht.get(records.heartbeat_key(run_name), latest=True)
@@ -49,9 +53,12 @@ class Seen:
             if isinstance(subkey, str) and isinstance(raw, bytes):
                 self.first.setdefault(subkey, raw)
                 try:
-                    self.rounds[subkey] = Heartbeat.decode(open_envelope(raw).body).round
+                    heartbeat = Heartbeat.decode(open_envelope(raw).body)
                 except (records.RecordError, EnvelopeError):
                     continue
+                self.rounds[subkey] = heartbeat.round
+                if heartbeat.leaving:
+                    self.tombstones[subkey] = raw
 
     def swarm_round(self, victims: list[str]) -> int:
         return max((self.rounds.get(v, 0) for v in victims), default=0)
@@ -112,6 +119,8 @@ class Forger:
             return [Forged(me.peer_id, beat(me.peer_id, rnd, round_started=started), me)]
         if name == "replay":
             return [Forged(v, sealed=seen.first[v]) for v in victims if v in seen.first]
+        if name == "replay-leave":
+            return [Forged(v, sealed=seen.tombstones[v]) for v in victims if v in seen.tombstones]
         if name == "tombstone":
             return [Forged(v, beat(v, seen.rounds.get(v, 0), leaving=True), me) for v in victims]
         if name == "flood":  # peers that do not exist, each with a key of its own

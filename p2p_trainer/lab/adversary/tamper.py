@@ -5,11 +5,17 @@ phase-1 contributions under keys `...|c|<part>`, phase-2 results under `...|r|<p
 its weight (`w`) and number format (`dt`) in the header. `HostileTransport` rewrites those on the
 way out, so the rest of the peer (training, groups, heartbeats, state server) is the honest code
 and the attack looks to the others exactly like a peer that lies about its values.
+
+`spam` sends its exchange messages unchanged and, with each, more complete messages of the
+largest size a receiver takes, under keys no exchange reads: they wait in the receiver's mailbox
+until its bounds evict them, which only a per-sender quota keeps small.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -46,6 +52,12 @@ def tamper(attack: Attack, header: dict[str, Any], payload: bytes) -> tuple[dict
         values = values * attack.arg
     elif attack.name in ("flip", "owner"):
         values = values * -attack.arg
+    elif attack.name == "drift":
+        # one direction, the same every round (seeded by the part's size), unrelated to training:
+        # at a norm the bounds allow where the reference is zero (a Δ: DiLoCo's outer exchange,
+        # Mix2), and nearly orthogonal to every honest update, so it passes the cosine floor too
+        direction = np.random.default_rng(values.size).standard_normal(values.size)
+        values = direction * (attack.arg * np.linalg.norm(values) / np.linalg.norm(direction))
     elif attack.name == "nan":
         values = np.full_like(values, np.nan)
     elif attack.name == "weight":
@@ -68,9 +80,15 @@ class HostileTransport(Transport):
         super().__init__(*args, **kwargs)
         self.attack = attack
         self.tampered = 0
+        self._spamming: set[asyncio.Task[None]] = set()
         logger.warning("adversary: peer %s attacks with %s", self.peer_id, attack)
 
     async def send(self, peer_id: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        if self.attack.name == "spam" and phase_of(header):
+            # in the background, so the attacker's own exchange is not held up by it
+            task = asyncio.get_running_loop().create_task(self._spam(peer_id, str(header["key"])))
+            self._spamming.add(task)
+            task.add_done_callback(self._spamming.discard)
         changed = tamper(self.attack, header, payload)
         if changed is not None:
             header, payload = changed
@@ -78,3 +96,15 @@ class HostileTransport(Transport):
             if self.tampered % REPORT_EVERY == 1:
                 logger.warning("adversary: tampered %d messages (%s)", self.tampered, self.attack)
         await super().send(peer_id, header, payload)
+
+    async def _spam(self, peer_id: str, key: str) -> None:
+        junk = bytes(self.max_payload_bytes)
+        for _ in range(int(self.attack.arg)):
+            try:
+                await super().send(peer_id, {"key": f"{key}~{os.urandom(8).hex()}"}, junk)
+            except Exception as exc:  # the receiver closed the stream or left: next message
+                logger.info("adversary: spam to %s: %s", peer_id[-8:], exc)
+                return
+            self.tampered += 1
+            if self.tampered % (REPORT_EVERY * 10) == 1:
+                logger.warning("adversary: tampered %d messages (%s)", self.tampered, self.attack)

@@ -64,7 +64,7 @@ class SecurityConfig:
     """Lowest cosine between a part owner's result update and this member's own (§10). A result
     includes this member's own update, so an honest one never points against it (0.5 to 1 on the
     tiny test model); a reversed result does. A robust mean of three or more may leave the member's
-    own update out, so its result is held to `cosine_min` instead."""
+    own update out, so its result is held to `cosine_min` instead, where that is lower."""
     result_ratio_max: float = 7.0
     """R' (§10): a part owner's result may be at most R' times this member's own update away from
     this member's own values; R + 1 is what a mean of contributions within R allows (honest

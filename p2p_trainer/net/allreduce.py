@@ -215,10 +215,12 @@ async def _watch_late(
 
 
 def _included(msg: Message, n: int) -> list[int] | None:
+    """The members an owner's result says it merged: distinct indices into the group, or None.
+    Their count decides how a member checks the result (§10), so a repeated index is refused."""
     members = msg.header.get("in")
-    if not isinstance(members, list) or not all(isinstance(i, int) and 0 <= i < n for i in members):
+    if not isinstance(members, list) or not all(type(i) is int and 0 <= i < n for i in members):
         return None
-    return members
+    return members if len(set(members)) == len(members) else None
 
 
 async def _result_part(

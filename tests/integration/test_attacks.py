@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,8 @@ def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outc
     out = run_attack(tmp_path, _config(defences, rounds), attack, timeout_s=_timeout_s(rounds))
     print(f"\n[defences {'on' if defences else 'off'}] {out.row(clean.mean_loss)}")
     assert ACTED[attack.kind] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
+    if attack.kind == "records":  # it logs its count from the start, 0 until it has something to store
+        assert re.search(r"stored [1-9][0-9]* forged records", out.attacker_log), out.attacker_log[-2000:]
     return out
 
 
@@ -182,6 +185,10 @@ def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.Fix
         memory_mib = allowed * CLAIMED_BYTES / 2**20 + RSS_SLACK_MIB
         grew = out.rss_peak_mib - clean.rss_peak_mib
         assert grew <= memory_mib, f"an honest peer's memory peaked {grew:.0f} MiB above the clean run's"
+    if name == "replay-leave":  # the returning peer merges again, as in the clean run
+        assert not _left_alone(out, clean), (
+            f"the peer that came back was left alone: {out.row(clean.mean_loss)}"
+        )
     if name == SPAM:
         grew = out.rss_peak_mib - clean.rss_peak_mib
         assert grew <= _spam_memory_mib(), (
@@ -305,8 +312,8 @@ def _diloco_together(robust_mean: str) -> RunConfig:
 def test_a_liar_within_the_bounds_in_one_group(tmp_path: Path) -> None:
     """`DRIFT` in DiLoCo with all four peers in one group, merged by the plain mean and by a
     trimmed mean (docs/algorithms.md §10). Every honest peer must train to the end with a finite
-    loss; what each rule costs is printed for docs/security-results.md, not bounded here: thirty
-    rounds of the tiny model leave both within 1% of the clean run."""
+    loss; what each rule costs is printed for docs/security-results.md, not bounded here: over
+    thirty rounds of the tiny model both stayed within 1.5% of the clean run."""
     clean = run_attack(tmp_path / "clean", _diloco_together("mean"), None, timeout_s=_timeout_s(ROUNDS))
     print(f"\n[diloco, one group] {clean.row(clean.mean_loss)}")
     assert clean.finished and math.isfinite(clean.mean_loss), clean.row(clean.mean_loss)

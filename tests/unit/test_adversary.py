@@ -109,7 +109,3 @@ def test_replay_leave_stores_the_tombstone_a_victim_left_exactly_as_sealed() -> 
     (rec,) = forger.forge(seen)
     assert rec.subkey == victim.peer_id and rec.value("any key", 0.0) == sealed
     assert records.Heartbeat.decode(open_envelope(sealed).body).leaving
-
-
-def test_spam_sends_exchange_messages_unchanged() -> None:
-    assert _sent("spam") is None and _sent("spam", phase="r") is None

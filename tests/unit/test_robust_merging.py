@@ -428,3 +428,18 @@ def test_a_robust_means_result_is_held_to_the_contribution_floor() -> None:
         defence = Defence.of(SecurityConfig(robust_mean=rule), Penalties(1.0))  # type: ignore[arg-type]
         assert (check_result(aside, scale, defence, count=count) is None) == accepted, (rule, count)
         assert check_result(reversed_, scale, defence, count=count) is not None, (rule, count)
+
+
+def test_an_owner_cannot_claim_more_members_than_it_merged() -> None:
+    """The members a result names decide how it is checked (a robust mean of three or more is held
+    to a lower floor), so an owner in a pair that repeats an index to claim three is refused."""
+    from p2p_trainer.net.allreduce import _included
+
+    def named(members: object, n: int) -> list[int] | None:
+        return _included(Message("owner", {"key": "k", "in": members}, b""), n)
+
+    assert named([0, 1], 2) == [0, 1]
+    assert named([1], 2) == [1]
+    assert named([0, 1, 1], 2) is None
+    assert named([0, True], 2) is None
+    assert named([0, 2], 2) is None

@@ -209,15 +209,19 @@ def run_attack(
 
 def _restart(swarm: LocalSwarm, i: int, after_round: int, timeout_s: float) -> Child:
     """Stop peer `i` cleanly (SIGINT: it leaves a tombstone) once it has recorded `after_round`,
-    then start it again under the same identity; the new process."""
+    then start it again under the same identity; the new process. Raises if the peer never got
+    there or did not leave cleanly: the arm would not test what it names."""
     path = swarm.opts.run_dir / f"peer{i}" / "metrics.jsonl"
     child = swarm.peers[i]
     deadline = time.monotonic() + timeout_s
-    while child.alive() and time.monotonic() < deadline:
-        if path.exists() and any(r.round >= after_round for r in read_log(path).rounds):
-            break
+    while not (path.exists() and any(r.round >= after_round for r in read_log(path).rounds)):
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"peer{i} did not reach round {after_round}: see {path.parent / 'log.txt'}")
         time.sleep(0.2)
-    child.stop(timeout_s=60, sig=signal.SIGINT, wait_tree=False)
+    # its DHT node and p2pd gone too before another process takes the same identity
+    code = child.stop(timeout_s=60, sig=signal.SIGINT)
+    if code != 0:
+        raise RuntimeError(f"peer{i} did not leave cleanly (exit {code}): see {path.parent / 'log.txt'}")
     logger.info("peer%d left at round %d or later; starting it again", i, after_round)
     return swarm.start_peer(i)
 

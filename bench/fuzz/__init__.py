@@ -6,7 +6,8 @@ anything but the decoder's own error type, or broke one of the target's assertio
 `tests/unit/test_fuzz.py` runs the same targets with a hundred cases each in `make test`.
 
 The decoders must either return a value or raise their own error type, for any bytes or any
-well-formed map with hostile fields: stream headers, contribution messages, DHT record bodies,
+well-formed map with hostile fields: stream headers, contribution messages, the values of every
+wire format (sized as their header says), the members a part owner's result names, DHT record bodies,
 signed envelopes, invitations, revocations, donor state headers, the DHT record validator
 (`check_record`), the meta frame of a relayed message, and, driven through their handlers over
 fake sockets, the direct data plane (handshake and sealed frames, through `FrameReader`), the
@@ -83,9 +84,12 @@ from bench.fuzz.stream_targets import (
     fuzz_dialback_request,
     fuzz_relay_route,
     fuzz_relayed_meta,
+    fuzz_result_members,
     fuzz_state_header,
     fuzz_stream_header,
+    fuzz_wire_values,
     relay,
+    sized_payloads,
 )
 from p2p_trainer.net import owner_text, revocation
 from p2p_trainer.net.record_validator import MAX_TTL_S
@@ -117,14 +121,17 @@ __all__ = [
     "fuzz_record_validator",
     "fuzz_relay_route",
     "fuzz_relayed_meta",
+    "fuzz_result_members",
     "fuzz_revocation",
     "fuzz_revocation_records",
     "fuzz_run_definition",
     "fuzz_state_header",
     "fuzz_stream_header",
+    "fuzz_wire_values",
     "main",
     "relay",
     "run_target",
+    "sized_payloads",
 ]
 
 
@@ -136,6 +143,14 @@ TARGETS: dict[str, tuple[Callable[..., None], tuple[st.SearchStrategy[Any], ...]
     "contribution message": (
         fuzz_contribution,
         (_mutated_map(["key", "w", "dt", "part", "members"]), st.binary(max_size=256), st.integers(0, 64)),
+    ),
+    "wire values": (fuzz_wire_values, (sized_payloads,)),
+    "result members": (
+        fuzz_result_members,
+        (
+            st.one_of(_values, st.lists(st.one_of(st.integers(-2, 6), st.booleans()), max_size=8)),
+            st.integers(1, 5),
+        ),
     ),
     "heartbeat record": (fuzz_heartbeat_record, (_raw_or_packed(HEARTBEAT_FIELDS),)),
     "liveness record": (fuzz_liveness_record, (_raw_or_packed(LIVENESS_FIELDS),)),

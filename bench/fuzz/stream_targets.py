@@ -1,5 +1,6 @@
-"""Targets for what arrives on p2pd streams: the stream header, contribution messages, the donor's
-state header, a relayed message's meta frame, the relay's routing frame, and dial-back requests
+"""Targets for what arrives on p2pd streams: the stream header, contribution messages, the values
+of every wire format (sized as the header says, so they reach each decoder's inner checks), the
+members a part owner's result names, the donor's state header, a relayed message's meta frame, the relay's routing frame, and dial-back requests
 and answers (the last two through their handlers, over fakes)."""
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 from hivemind.p2p import PeerID
 from hypothesis import strategies as st
 
 from bench.fuzz.fakes import _P2P, Wire, _stream, _StreamInfo
 from bench.fuzz.inputs import _PEERS, _flipped, _mutated_map, _packed, _values, frame
+from p2p_trainer.exchange.codecs import MAX_BLOCK, TAGS, decode, payload_size
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.net import direct, message_relay, reach, records
+from p2p_trainer.net.allreduce import _included
 from p2p_trainer.net.state_sync import check_state_header
 from p2p_trainer.net.transport import Message, MessageError, decode_header
 from p2p_trainer.net.wire import check_message
@@ -30,6 +34,37 @@ def fuzz_stream_header(raw: bytes) -> None:
 def fuzz_contribution(header: dict[str, Any], payload: bytes, expected: int) -> None:
     out = check_message(Message("sender", header, payload), expected, 4.0)
     assert isinstance(out, str) or (len(out[0]) == expected and 0 < out[1] <= 4.0), out
+
+
+def _sized_payloads(draw: Any) -> tuple[dict[str, Any], bytes, int]:
+    n = draw(st.integers(0, 300))
+    tag = draw(st.sampled_from(sorted(TAGS.values())))
+    block = draw(st.one_of(st.integers(1, 64), st.sampled_from([0, MAX_BLOCK, MAX_BLOCK + 1])))
+    k = draw(st.one_of(st.integers(1, max(1, block)), st.integers(-2, MAX_BLOCK + 2)))
+    try:
+        size = payload_size(tag, n, max(1, block), max(1, k))
+    except Exception:  # an impossible block or k: the decoder must refuse it before sizing
+        size = 0
+    payload = draw(st.one_of(st.binary(min_size=size, max_size=size), st.binary(max_size=64)))
+    return {"dt": tag, "b": block, "k": k}, payload, n
+
+
+sized_payloads = st.composite(_sized_payloads)()
+"""(header, payload, n): a wire format's header fields and, mostly, exactly as many bytes as the
+header and `n` call for."""
+
+
+def fuzz_wire_values(case: tuple[dict[str, Any], bytes, int]) -> None:
+    header, payload, n = case
+    out = decode(header, payload, n)
+    assert isinstance(out, str) or (out.shape == (n,) and bool(np.isfinite(out).all())), out
+
+
+def fuzz_result_members(members: Any, n: int) -> None:
+    """The members an owner's result names decide how it is checked (§10): only distinct indices
+    into the group pass."""
+    out = _included(Message("owner", {"key": "k", "in": members}, b""), n)
+    assert out is None or (len(set(out)) == len(out) and all(type(i) is int and 0 <= i < n for i in out)), out
 
 
 def fuzz_state_header(header: dict[str, Any]) -> None:

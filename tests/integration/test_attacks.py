@@ -157,8 +157,8 @@ def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outc
     out = run_attack(tmp_path, _config(defences, rounds), attack, timeout_s=_timeout_s(rounds))
     print(f"\n[defences {'on' if defences else 'off'}] {out.row(clean.mean_loss)}")
     assert ACTED[attack.kind] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
-    if attack.kind == "records":  # it logs its count from the start, 0 until it has something to store
-        assert re.search(r"stored [1-9][0-9]* forged records", out.attacker_log), out.attacker_log[-2000:]
+    if attack.kind == "records":  # it logs its counts from the start, 0 until it has something to store
+        assert re.search(r"of [1-9][0-9]* forged records", out.attacker_log), out.attacker_log[-2000:]
     return out
 
 

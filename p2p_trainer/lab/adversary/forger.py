@@ -134,16 +134,18 @@ def forge_records(
     dht: DHTLike, run_name: str, attack: Attack, victims: list[str], stop: threading.Event
 ) -> int:
     """Store `attack`'s records every period until `stop`; returns how many stores the DHT took."""
-    forger, seen, stored = Forger(attack, victims), Seen(), 0
+    forger, seen, stored, tried = Forger(attack, victims), Seen(), 0, 0
     key = records.heartbeat_key(run_name)
     for tick in every(PERIOD_S, stop):
         try:
             seen.read(dht, run_name)
             expiration = records.now() + OUTLIVE_S
             for rec in forger.forge(seen):
+                tried += 1
                 stored += bool(dht.store(key, rec.value(key, expiration), expiration, subkey=rec.subkey))
         except Exception as exc:  # the swarm's DHT may refuse or time out: keep attacking
             logger.info("adversary: forging failed this period: %s", exc)
         if tick % 10 == 0:
-            logger.warning("adversary: %s stored %d forged records so far", attack, stored)
+            # a defended swarm's DHT refuses them: what was tried shows the attack was made
+            logger.warning("adversary: %s stored %d of %d forged records so far", attack, stored, tried)
     return stored

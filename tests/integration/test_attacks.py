@@ -57,7 +57,7 @@ RSS_SLACK_MIB = 64.0
 """What an honest peer's peak resident memory may differ by between two runs of the same length
 with nothing held for an attacker (allocator and torch caches, the round a snapshot lands in)."""
 RESTART_ROUNDS = 400
-"""`replay-leave`'s arms: the arena stops one honest peer at a tenth of the rounds and starts it
+"""`replay-leave`'s arms: the arena stops one honest peer at a twentieth of the rounds and starts it
 again, which takes it 10-30 s; the others must still be training when it is back (tiny rounds
 take about 0.15 s)."""
 LONG_ARMS = THROUGH_THE_VIEW | {f"streams:{STREAMS}", "replay-leave"}

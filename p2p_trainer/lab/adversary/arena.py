@@ -5,7 +5,7 @@ there first: forged records, a poisoned donor, endless streams; with them for a 
 training peer), waits for the honest peers to finish their rounds, stops and reaps
 everything by PID (`LocalSwarm`), and returns an `Outcome` read from the honest peers' metrics.
 For an attack on a peer that comes back (`RESTARTS`), the first honest peer leaves cleanly a
-tenth of the way through its rounds and starts again under the same identity.
+twentieth of the way through its rounds and starts again under the same identity.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def run_attack(
             attacker = swarm.start_argv(honest, f"peer{honest}", argv)
         try:
             if attack is not None and attack.name in RESTARTS:
-                peers[0] = _restart(swarm, 0, max(1, cfg.rounds // 10), timeout_s)
+                peers[0] = _restart(swarm, 0, max(1, cfg.rounds // 20), timeout_s)
                 watch.pids[0] = peers[0].pid
             wait_all(peers, timeout_s)
         finally:
@@ -220,7 +220,7 @@ def _restart(swarm: LocalSwarm, i: int, after_round: int, timeout_s: float) -> C
         time.sleep(0.2)
     # its DHT node and p2pd gone too before another process takes the same identity
     code = child.stop(timeout_s=60, sig=signal.SIGINT)
-    if code != 0:
+    if code != 128 + signal.SIGINT:  # how `join` exits once it has left after a signal (cli.py)
         raise RuntimeError(f"peer{i} did not leave cleanly (exit {code}): see {path.parent / 'log.txt'}")
     logger.info("peer%d left at round %d or later; starting it again", i, after_round)
     return swarm.start_peer(i)

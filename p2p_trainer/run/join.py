@@ -111,6 +111,12 @@ class JoinOptions:
     NAT itself, keeps connections to the peers it can dial (`net/behind_nat.py`); "off": neither."""
 
 
+def payload_limit(n_floats: int) -> int:
+    """The largest exchange payload a peer training a model of `n_floats` values takes
+    (`Transport.max_payload_bytes`): what its mailbox quota is counted in."""
+    return 8 * n_floats + 1024
+
+
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
     """Live peers that do work (§6), for sizing this peer's share of a constant-work round.
 
@@ -221,7 +227,7 @@ def start(
         workload = language_model(cfg, corpus, opts.data_key or node.peer_id)
     n_floats = sum(p.numel() for p in workload.model.parameters())
     transport = Transport(
-        node.dht, max_payload_bytes=8 * n_floats + 1024, security=cfg.security, signer=node.signer
+        node.dht, max_payload_bytes=payload_limit(n_floats), security=cfg.security, signer=node.signer
     )
     leave.callback(transport.close)
     net = opts.run.network

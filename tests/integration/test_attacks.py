@@ -27,6 +27,7 @@ from p2p_trainer.lab.adversary.attacks import parse_attack
 from p2p_trainer.lab.adversary.streams import CLAIMED_BYTES
 from p2p_trainer.net.identity import load_or_create_identity
 from p2p_trainer.net.stream_gate import MAX_PENDING
+from p2p_trainer.run.join import payload_limit
 from p2p_trainer.train.model import build_model
 from tests.conftest import tiny_config
 
@@ -201,9 +202,9 @@ def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.Fix
 def _spam_memory_mib() -> float:
     """What a defended peer may hold above a clean run for one member's messages nobody reads:
     its mailbox quota (`[security] sender_mailbox_payloads` of the largest message a peer takes,
-    `run/join.py`), and what clean runs' peaks vary by."""
+    `payload_limit`), and what clean runs' peaks vary by."""
     n_floats = sum(p.numel() for p in build_model(_config(True).model, seed=0).parameters())
-    quota_bytes = SecurityConfig().sender_mailbox_payloads * (8 * n_floats + 1024)
+    quota_bytes = SecurityConfig().sender_mailbox_payloads * payload_limit(n_floats)
     return quota_bytes / 2**20 + RSS_SLACK_MIB
 
 

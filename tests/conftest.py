@@ -6,6 +6,7 @@ groups and the descendants noted while they ran), also when the test failed half
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -228,3 +229,15 @@ def testbed_factory() -> Iterator[TestbedFactory]:
     yield make
     for tb in reversed(opened):
         tb.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in its own thread (in-memory transports submit to it)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    loop.close()

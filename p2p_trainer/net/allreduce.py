@@ -160,7 +160,13 @@ async def _collect(
     while pending:
         waiting = [group.members[tasks[t]] for t in pending]
         other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
-        possible = [m for m in waiting if not gone(m) and m not in other_view]
+        # a contribution already here is taken whatever its sender's state now (suspected since,
+        # or left): only the wait for the missing ones ends when their senders are gone
+        possible = [
+            m
+            for m in waiting
+            if transport.mailbox.has(f"{group.key}|c|{me}|{m}") or (not gone(m) and m not in other_view)
+        ]
         if quorum_s is None and (len(got) >= need or len(got) + len(possible) < need):
             quorum_s = time.monotonic() - started  # reached, or out of reach: the grace window starts
             end = min(deadline, time.monotonic() + group.grace_s)

@@ -174,6 +174,11 @@ class Mailbox:
                 return None  # only the entry went: the reader itself was not cancelled
             raise
 
+    def has(self, key: str) -> bool:
+        """Whether the message for `key` is here (a reader would get it at once)."""
+        fut = self._entries.get(key)
+        return fut is not None and fut.done() and not fut.cancelled()
+
     def senders_under(self, prefix: str, exclude_prefix: str) -> set[str]:
         """Senders of messages whose key starts with `prefix` but not `exclude_prefix`.
 

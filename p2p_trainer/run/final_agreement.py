@@ -12,6 +12,14 @@ still meet. A peer that finishes first waits at most `exchange.final_wait_s` for
 the wait covers the skew between the peers' ends. A peer that is gone is not waited for past its
 failed sends or its heartbeat (`allreduce.py`), so a dead peer cannot hang the end of a run.
 
+Meeting again: a member that dies during the exchange, or whose view of the swarm differed from
+the others' when it arrived (peers with different member lists exchange under different keys),
+leaves the survivors with an incomplete result: parts kept as their owners' own values, which is
+not the consensus. A peer whose result is incomplete and ended before the wait ran out (so not
+because nobody came) meets the others again with a fresh view, under the next attempt's key, at
+most `FINAL_ATTEMPTS` times in all; the survivors saw the same death and do the same. It keeps the
+most complete result of its attempts.
+
 Failure keeps work: the checkpoint is written before the exchange, a `Failed` result (or a stop
 signal during the wait) keeps the peer's own φ and says why in the log and the final record. An
 `Ok` result is adopted as the exchanges in training are: each part is the mean of the members its
@@ -26,6 +34,7 @@ shares and goes back to its own where the average is more than
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -47,6 +56,8 @@ BEFORE_FINAL_DIR = "before_final"
 which `local`'s summary compares with the consensus."""
 POLL_S = 0.2
 """How often the wait checks for a stop signal."""
+FINAL_ATTEMPTS = 3
+"""Most meetings of one final agreement (the first and the retries after an incomplete one)."""
 
 
 def wants_final_agreement(cfg: RunConfig) -> bool:
@@ -135,19 +146,54 @@ def keep_the_better(
     return own_loss, mean_loss, True
 
 
-def agree(peer: Peer, request: ExchangeRequest, stopped: Callable[[], bool]) -> ExchangeRecord:
-    """Average φ with every live peer and adopt the result; on failure keep φ. Returns the record."""
+def complete(res: ExchangeResult) -> bool:
+    """Every part of the result is the mean over the whole group: nobody left out, no own values."""
+    return isinstance(res, Ok) and not res.left_out and res.own_parts == 0
+
+
+def _rank(res: ExchangeResult) -> tuple[bool, bool, int, int]:
+    """Orders results from worst to best: merged at all, then complete, larger groups, fewer own parts."""
+    if not isinstance(res, Ok):
+        return (False, False, 0, 0)
+    return (True, complete(res), res.group_size, -res.own_parts)
+
+
+def _meet_again(res: ExchangeResult, request: ExchangeRequest) -> bool:
+    """An incomplete result that ended before the wait for the others ran out: a view mismatch or
+    a member that died mid-exchange, which a meeting with fresh views repairs."""
+    return not complete(res) and res.elapsed_s < request.quorum_wait_s
+
+
+def agree(
+    peer: Peer, request: ExchangeRequest, stopped: Callable[[], bool], retry_pause_s: float = 0.0
+) -> ExchangeRecord:
+    """Average φ with every live peer and adopt the result; on failure keep φ. Returns the record.
+
+    `retry_pause_s`: how long to wait before meeting again (a view period: the views refresh)."""
     t0 = time.monotonic()
     res = _wait(peer, request, stopped)
+    attempt = 1
+    while attempt < FINAL_ATTEMPTS and _meet_again(res, request) and not stopped():
+        logger.info(
+            "final agreement: attempt %d incomplete (%s); meeting the others again",
+            attempt,
+            f"{res.group_size} peer(s), left out {list(res.left_out)}" if isinstance(res, Ok) else res.reason,
+        )
+        time.sleep(retry_pause_s)
+        again = _wait(peer, dataclasses.replace(request, gossip_step=attempt), stopped)
+        attempt += 1
+        if _rank(again) >= _rank(res):
+            res = again
     report = RoundReport(peer.state.round)
     report.add(FINAL_TAG, res, time.monotonic() - t0)  # logs a failure and why
     if isinstance(res, Ok):
         adopt_anchor(peer, res.tensors)
         logger.info(
-            "final agreement: averaged with %d peer(s) in %.1f s%s",
+            "final agreement: averaged with %d peer(s) in %.1f s%s%s",
             res.group_size,
             res.elapsed_s,
             f", {res.own_parts} part(s) kept as own values" if res.own_parts else "",
+            f" (attempt {attempt})" if attempt > 1 else "",
         )
     else:
         logger.warning("final agreement failed (%s); this peer keeps its own model", res.reason)

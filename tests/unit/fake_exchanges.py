@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+import concurrent.futures
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 from p2p_trainer.exchange.interface import Ok
 from p2p_trainer.net.transport import Mailbox, Message
+
+T = TypeVar("T")
 
 
 class Finished:
@@ -40,3 +43,18 @@ class FakeTransport:
         if peer in self.dead:
             raise ConnectionError(f"{peer} refused")
         self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))
+
+
+class LoopTransport:
+    """In-memory transport on one shared event loop: enough of `Transport` for `NetworkExchange`."""
+
+    def __init__(self, peer_id: str, net: dict[str, LoopTransport], loop: asyncio.AbstractEventLoop) -> None:
+        self.peer_id, self.net, self.loop = peer_id, net, loop
+        self.mailbox = Mailbox()
+
+    async def send(self, peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        await asyncio.sleep(0.001)
+        self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -203,6 +203,42 @@ def test_member_dying_after_contributing_costs_grace_plus_result_wait() -> None:
         np.testing.assert_allclose(res.tensors[0].numpy()[:6], 1.0)  # mean of 0, 1, 2
 
 
+def test_contributions_already_here_are_merged_though_their_senders_are_suspected_since() -> None:
+    """The last member to arrive finds the others' contributions waiting, but its health has
+    suspected their senders meanwhile (a failed send elsewhere): it still merges them, and
+    everyone ends with the whole mean, instead of the last one merging nothing."""
+
+    async def run() -> dict[str, Any]:
+        members = ["a", "b", "c"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+        suspects = {"c": {"a", "b"}}
+
+        async def one(name: str, delay: float) -> Any:
+            await asyncio.sleep(delay)
+            return await butterfly_average(
+                net[name],  # type: ignore[arg-type]
+                _spec(members, name, 3),
+                torch.full((9,), float(members.index(name))),
+                1.0,
+                time.monotonic() + 30,
+                PeerHealth(),
+                lambda p: p in suspects.get(name, set()),
+            )
+
+        out = await asyncio.gather(one("a", 0.0), one("b", 0.0), one("c", 0.5))
+        return dict(zip(members, out, strict=True))
+
+    results = asyncio.run(run())
+    for name, res in results.items():
+        assert isinstance(res, Ok) and res.own_parts == 0 and res.group_size == 3 and not res.left_out, (
+            name,
+            res,
+        )
+        np.testing.assert_allclose(res.tensors[0].numpy(), 1.0)
+
+
 def test_float16_wire_halves_the_bytes_and_every_member_ends_with_the_same_values() -> None:
     async def run() -> list[Any]:
         members = ["a", "b", "c"]

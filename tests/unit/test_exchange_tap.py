@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
-from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar, cast
+from typing import cast
 
 import pytest
 import torch
@@ -24,10 +21,9 @@ from p2p_trainer.net.exchange_tap import (
     read_tapped,
 )
 from p2p_trainer.net.network_exchange import NetworkExchange
-from p2p_trainer.net.transport import Mailbox, Message, Transport
+from p2p_trainer.net.transport import Transport
 from tests.integration.tapped_groups import check_group, check_swarm, weighted_mean
-
-T = TypeVar("T")
+from tests.unit.fake_exchanges import LoopTransport
 
 MEMBERS = ["peer-a", "peer-b", "peer-c"]
 
@@ -99,32 +95,6 @@ def test_group_check_accepts_the_weighted_mean_and_catches_others() -> None:
     del partial["peer-c"]  # merged everything, yet a member's contribution was never recorded
     with pytest.raises(AssertionError):
         check_group("k", partial)
-
-
-class LoopTransport:
-    """In-memory transport on one shared event loop: enough of `Transport` for `NetworkExchange`."""
-
-    def __init__(self, peer_id: str, net: dict[str, LoopTransport], loop: asyncio.AbstractEventLoop) -> None:
-        self.peer_id, self.net, self.loop = peer_id, net, loop
-        self.mailbox = Mailbox()
-
-    async def send(self, peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
-        await asyncio.sleep(0.001)
-        self.net[peer].mailbox.put(f"{header['key']}|{self.peer_id}", Message(self.peer_id, header, payload))
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=5)
-    loop.close()
 
 
 @pytest.mark.parametrize(("peers", "group_size", "groups"), [(3, 0, 1), (4, 2, 2)])

@@ -3,9 +3,11 @@ cannot meet the others keeps its own model; method independent never takes part.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
+from typing import cast
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ import torch
 from p2p_trainer.config import ExchangeConfig, RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL
+from p2p_trainer.net.network_exchange import NetworkExchange
+from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import ExchangeRecord
 from p2p_trainer.run.final_agreement import (
     FINAL_TAG,
@@ -24,6 +28,7 @@ from p2p_trainer.run.final_agreement import (
 from p2p_trainer.train.data import load_corpus
 from p2p_trainer.train.trainer import Peer
 from tests.conftest import tiny_config
+from tests.unit.fake_exchanges import LoopTransport
 
 
 def _peers(cfg: RunConfig, n: int, mid_round: bool = True) -> list[Peer]:
@@ -175,3 +180,45 @@ def test_an_average_worse_than_the_own_model_is_not_kept() -> None:
     assert all(torch.equal(a, d) for a, d in zip(peer.state.anchor, drifted, strict=True))
     peer.state.anchor = [o + 1e-6 for o in own]
     assert keep_the_better(peer, own, 0.02)[2] is False
+
+
+def test_survivors_of_a_peer_that_died_during_the_agreement_meet_again_and_end_with_their_mean(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """peer3 is in every view when the agreement starts but never sends (it died); once it leaves
+    the views the survivors' first meeting ends with its part kept as their own values, not the
+    consensus. They meet again without it and end with the exact mean of the three."""
+    cfg = tiny_config("diloco", rounds=3, final_wait_s=10.0, timeout_s=5.0)
+    ids = [f"peer{i}" for i in range(4)]
+    dead: set[str] = set()
+    net: dict[str, LoopTransport] = {}
+    corpus = load_corpus(cfg.data, cfg.model.seq_len)
+    peers = []
+    for i, me in enumerate(ids[:3]):
+        net[me] = LoopTransport(me, net, loop)
+        exchange = NetworkExchange(
+            cast(Transport, net[me]), lambda: [p for p in ids if p not in dead], "run", cfg.seed
+        )
+        peer = Peer(cfg, exchange, corpus, peer_key=me)
+        # updates from the seed alike in direction and size, as honest peers' are (§10 bounds)
+        peer.state.anchor = [a + 0.01 * (i + 1) for a in peer.state.anchor]
+        peers.append(peer)
+    mean = [torch.stack(ts).mean(0) for ts in zip(*[p.state.anchor for p in peers], strict=True)]
+    records: list[ExchangeRecord | None] = [None] * 3
+
+    def run(i: int) -> None:
+        records[i] = agree(peers[i], final_request(cfg), lambda: False, retry_pause_s=0.2)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    dead.add("peer3")  # its heartbeat expired
+    for t in threads:
+        t.join(timeout=60)
+    assert all(r is not None and r.ok and r.group_size == 3 and r.own_parts == 0 for r in records), records
+    assert time.monotonic() - t0 < 8.0, "the survivors did not wait out the whole final_wait_s"
+    for peer in peers:
+        for a, m in zip(peer.state.anchor, mean, strict=True):
+            torch.testing.assert_close(a, m)

@@ -175,6 +175,7 @@ class _BlockingExchanges:
         step: int = 0,
         reference: tuple[torch.Tensor, ...] | None = ZERO,
         state_digest: bytes = b"",
+        asks_reagree: bool = False,
     ) -> ExchangeRequest:
         xcfg, weighted = self.xcfg, self.cfg.token_weighted
         # what is compared with zero is an update (Δ, gradients): only those take lossy codecs
@@ -195,6 +196,7 @@ class _BlockingExchanges:
             reference=reference,
             weight_floor=self.round_tokens if weighted else 1.0,
             state_digest=state_digest,
+            asks_reagree=asks_reagree,
         )
 
     def _start_behind(
@@ -239,9 +241,10 @@ class _BlockingExchanges:
         step: int = 0,
         reference: tuple[torch.Tensor, ...] | None = ZERO,
         state_digest: bytes = b"",
+        asks_reagree: bool = False,
     ) -> ExchangeResult:
         t0 = time.monotonic()
-        request = self._request(tag, rnd, group, weight, step, reference, state_digest)
+        request = self._request(tag, rnd, group, weight, step, reference, state_digest, asks_reagree)
         feedback = request.codec.lossy and self.xcfg.error_feedback
         if feedback:
             tensors = self.feedback.contribution((tag, step), tensors)
@@ -290,9 +293,18 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
     (φ, m, round), and when that exchange merged fully with every digest equal, every member
     holds the same φ and m afterwards (the same mean Δ, the same outer step), so the re-agreement
     would average equal tensors and is skipped.
+
+    A peer whose exchange did not merge fully (*diverged*) re-agrees every round until one
+    succeeds, and a re-agreement needs every member. So a diverged peer asks for one with each
+    contribution to the all-reduce of Δ, and a peer that merged such an ask joins the next round's
+    re-agreement: without it, peers that diverged during a link cut would fail their re-agreement
+    against a peer that had not (one that rejoined by download) until the periodic one. A peer
+    that asks every round (a liar) makes the others re-agree at most every `ASK_COOLDOWN_ROUNDS`.
     """
 
     SKIPS_AGREED_REAGREE = True
+    ASK_COOLDOWN_ROUNDS = 2
+    """Rounds between two re-agreements a peer joins because another asked."""
     """Whether `end_round`'s exchange carries the digest (a subclass whose exchange does not
     cover the whole model in the round before a re-agreement turns it off)."""
 
@@ -307,6 +319,10 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         super().__init__(cfg, exchange, timing, xcfg, round_tokens)
         self._reagree: PendingExchange | None = None
         self._diverged = False
+        self._asked = False
+        """The last round's exchange merged a member's ask for a re-agreement."""
+        self._joined_ask: int | None = None
+        """The round of the last re-agreement this peer started because another asked."""
         self._agreed = False
         """The last round's exchange showed every member with this peer's φ and m (then equal)."""
         self._digest: tuple[concurrent.futures.Future[bytes], list[torch.Tensor], list[torch.Tensor]] | None
@@ -320,7 +336,12 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         both = [*state.anchor, *state.momentum]
         reference = self._model_reference(state.round, both)  # every round, for the next one
         due = bool(every) and state.round % every == every - 1
-        if self._diverged or (due and not self._agreed):
+        last = self._joined_ask
+        asked = self._asked and (last is None or state.round - last >= self.ASK_COOLDOWN_ROUNDS)
+        if asked and not self._diverged and not due:
+            self._joined_ask = state.round
+            logger.info("round %d: re-agreement asked for by a member of the last round's group", state.round)
+        if self._diverged or asked or (due and not self._agreed):
             # the momenta too: after a partial round they differ, and would pull the anchors
             # apart again by α·β·(m_i − m_j) every round
             self._reagree = self._start_behind("reagree", state, ALL, weight, both, reference)
@@ -358,7 +379,10 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         digest = b""
         if self._digest is not None and self._digest[1] is state.anchor and self._digest[2] is state.momentum:
             digest = self._digest[0].result()
-        res = self._average(delta, "outer", state.round, ALL, weight, report, state_digest=digest)
+        res = self._average(
+            delta, "outer", state.round, ALL, weight, report, state_digest=digest, asks_reagree=self._diverged
+        )
+        self._asked = isinstance(res, Ok) and res.reagree_asked
         mean_delta = res.tensors if isinstance(res, Ok) else delta
         reagreed = self._reagree is not None
         anchor, momentum = self._mixed_state(state, report)

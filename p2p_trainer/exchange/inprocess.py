@@ -33,6 +33,8 @@ class _Slot:
     members: list[str]
     contributions: dict[str, tuple[list[torch.Tensor], float]] = field(default_factory=dict)
     digests: dict[str, bytes] = field(default_factory=dict)
+    asks: set[str] = field(default_factory=set)
+    """Members whose contribution asked for a re-agreement."""
     arrived: set[str] = field(default_factory=set)
     fetched: set[str] = field(default_factory=set)
     result: ExchangeResult | None = None
@@ -65,6 +67,8 @@ class InProcessSwarm:
             slot = self._slots.setdefault((key, index), _Slot(members=members))
             slot.contributions[name] = (tensors, request.weight)
             slot.digests[name] = request.state_digest
+            if request.asks_reagree:
+                slot.asks.add(name)
             slot.arrived.add(name)
             if slot.arrived >= set(slot.members):
                 slot.result = self._reduce(slot, tensors, request.codec, request.results)
@@ -116,6 +120,8 @@ class InProcessSwarm:
                     slot.fetched.add(name)
                     if slot.fetched >= set(slot.members):
                         del self._slots[slot_key]
+                    if isinstance(slot.result, Ok) and slot.asks - {name}:
+                        return dataclasses.replace(slot.result, reagree_asked=True)  # another asked
                     return slot.result
                 missing = sorted(set(slot.members) - slot.arrived)
                 gone = [m for m in missing if m not in self.live]

@@ -62,6 +62,10 @@ class Ok:
     agreed: bool = False
     """The request named a `state_digest` and every contribution this peer merged carried the
     same one: with a full merge, every member holds the state that digest describes."""
+    reagree_asked: bool = False
+    """Another member's contribution that this peer merged asked for a re-agreement
+    (`ExchangeRequest.asks_reagree`): with a full merge every member merged every other's
+    contribution, so all of them but the asker know it."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,10 @@ class ExchangeRequest:
     """A digest of state the caller holds besides the tensors (DiLoCo: φ, m and the round), sent
     with each contribution so that the result says whether every member's was the same
     (`Ok.agreed`); empty sends none."""
+    asks_reagree: bool = False
+    """This peer's φ and m may differ from the others' (an exchange of its did not merge fully):
+    said with each contribution, so that every member starts a re-agreement with it next round
+    (`Ok.reagree_asked`; docs/algorithms.md §1)."""
     in_round: bool = True
     """The members are the peers in this round: a backend that knows the peers' rounds leaves out
     those too far from it to take part (`net/in_step.py`). False for an exchange that peers in

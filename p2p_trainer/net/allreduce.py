@@ -100,6 +100,8 @@ class GroupSpec:
     """The §10 bounds and penalties; None applies only the size, finiteness and weight checks."""
     excluded: frozenset[str] = frozenset()
     """Members this peer has penalised (§10): not sent to, not waited for, not merged."""
+    asks_reagree: bool = False
+    """Sent with each contribution ("ra"): this member wants a re-agreement next round."""
     state_digest: bytes = b""
     """Sent with each contribution ("sd"); the owner notes whether every merged one carried the
     same (`ExchangeRequest.state_digest`)."""
@@ -119,6 +121,8 @@ class _Arrivals:
     """Payload bytes of the contributions that arrived (dropped ones included)."""
     rejected: set[int] = field(default_factory=set)
     """Members whose contribution arrived but failed the §10 bounds."""
+    asked: bool = False
+    """A merged contribution asked for a re-agreement ("ra" true; anything else is no)."""
     same_digest: bool = True
     """Every merged contribution carried this member's `state_digest` (a header field compared
     as sent: anything else, of any type, is a different one)."""
@@ -154,7 +158,7 @@ async def _collect(
     got: dict[int, tuple[np.ndarray, float]] = {}
     rejected: set[int] = set()
     quorum_s: float | None = None
-    last_s, received, same_digest = 0.0, 0, True
+    last_s, received, same_digest, asked = 0.0, 0, True, False
     end = min(deadline, started + group.quorum_wait_s)
     pending = set(tasks)
     while pending:
@@ -197,6 +201,7 @@ async def _collect(
                 got[j] = checked
                 last_s = time.monotonic() - started
                 same_digest = same_digest and msg is not None and msg.header.get("sd") == group.state_digest
+                asked = asked or (msg is not None and msg.header.get("ra") is True)
     other_view = transport.mailbox.senders_under(group.view_prefix, group.key + "|")
     late = {
         t for t in pending if not gone(group.members[tasks[t]]) and group.members[tasks[t]] not in other_view
@@ -205,7 +210,7 @@ async def _collect(
     for task in pending - watched:
         task.cancel()
     quorum_s = time.monotonic() - started if quorum_s is None else quorum_s
-    return _Arrivals(got, quorum_s, last_s, len(late), watched, received, rejected, same_digest)
+    return _Arrivals(got, quorum_s, last_s, len(late), watched, received, rejected, asked, same_digest)
 
 
 async def _watch_late(
@@ -386,7 +391,8 @@ async def butterfly_average(
         a, b = bounds[j]
         payload, header, _ = group.codec.encode(data[a:b])
         digest = {"sd": group.state_digest} if group.state_digest else {}
-        return payload, {"w": weight, "n": b - a, **header, **digest}
+        ask = {"ra": True} if group.asks_reagree else {}
+        return payload, {"w": weight, "n": b - a, **header, **digest, **ask}
 
     lo, hi = bounds[me]
     sends = [send(j, "c", j, *contribution(j)) for j in reached]
@@ -454,4 +460,5 @@ async def butterfly_average(
         group_key=group.key,
         rejected=tuple(sorted(rejected)),
         agreed=bool(group.state_digest) and arrivals.same_digest,
+        reagree_asked=arrivals.asked,
     )

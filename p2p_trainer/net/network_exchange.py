@@ -163,6 +163,7 @@ class NetworkExchange:
             result_codec=request.results,
             defence=defence,  # its penalties leave members out of this peer's groups (§10)
             state_digest=request.state_digest,
+            asks_reagree=request.asks_reagree,
         )
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> _NetworkPending:

@@ -4,7 +4,8 @@ Each value message carries its weight ("w"), value count ("n") and codec ("dt", 
 "b" and top-k "k" where it has them) in its header; a receiver checks them all, the payload
 against them (`exchange/codecs.py`) and the values' finiteness before anything is merged.
 A contribution may also carry its sender's state digest ("sd"), only ever compared with the
-receiver's own (`allreduce.py`).
+receiver's own (`allreduce.py`), and its ask for a re-agreement ("ra", taken only where it is
+`true`).
 """
 
 from __future__ import annotations

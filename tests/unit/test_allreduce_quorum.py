@@ -329,3 +329,43 @@ def test_the_result_says_whether_every_member_sent_the_same_state_digest() -> No
     # no digest sent: nothing is vouched for
     none = _with_digests([b""] * 3)
     assert all(isinstance(r, Ok) and not r.agreed for r in none.values())
+
+
+def test_an_ask_for_reagreement_reaches_every_other_member_and_only_a_true_one_counts() -> None:
+    async def run(flag: object) -> dict[str, Any]:
+        members = ["a", "b", "c"]
+        net: dict[str, FakeTransport] = {}
+        for m in members:
+            net[m] = FakeTransport(m, net, set())
+        asker = dataclasses.replace(_spec(members, "a", 3), asks_reagree=True)
+
+        async def one(name: str) -> Any:
+            spec = asker if name == "a" else _spec(members, name, 3)
+            return await butterfly_average(
+                net[name],  # type: ignore[arg-type]
+                spec,
+                torch.full((9,), float(members.index(name))),
+                1.0,
+                time.monotonic() + 30,
+            )
+
+        if flag is not True:  # a sender that writes something else than true under "ra"
+            net["a"].send = _rewriting(net["a"].send, flag)  # type: ignore[method-assign]
+        out = await asyncio.gather(*(one(m) for m in members))
+        return dict(zip(members, out, strict=True))
+
+    results = asyncio.run(run(True))
+    assert all(isinstance(r, Ok) and r.own_parts == 0 for r in results.values())
+    assert [results[m].reagree_asked for m in ("a", "b", "c")] == [False, True, True]
+    for bogus in (1, "yes", [True]):
+        results = asyncio.run(run(bogus))
+        assert not any(r.reagree_asked for r in results.values()), bogus
+
+
+def _rewriting(send: Any, value: object) -> Any:
+    async def rewritten(peer: str, header: dict[str, Any], payload: bytes = b"") -> None:
+        if "ra" in header:
+            header = {**header, "ra": value}
+        await send(peer, header, payload)
+
+    return rewritten

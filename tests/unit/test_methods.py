@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
 from p2p_trainer.algo import outer
 from p2p_trainer.algo.groups import group_seed, partition
-from p2p_trainer.algo.methods import OuterState, RoundReport, build_method, grace_tracker
+from p2p_trainer.algo.methods import DiLoCo, OuterState, RoundReport, build_method, grace_tracker
 from p2p_trainer.config import ExchangeConfig, OuterConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok, PendingExchange
@@ -241,13 +242,17 @@ def _diloco_rounds(
     anchors: list[list[torch.Tensor]],
     rounds: int,
     meddle: Callable[[int, int, OuterState], None] = lambda _i, _rnd, _state: None,
+    diverged: frozenset[int] = frozenset(),
 ) -> list[list[list[str]]]:
     """`rounds` DiLoCo rounds of in-process peers from these anchors (θ moved by a little noise
     each round); the exchange tags of each peer's rounds. `meddle(peer, round, state)` runs
-    after each round's start."""
+    after each round's start; the peers in `diverged` start as if an exchange of theirs had not
+    merged fully."""
     n = len(anchors)
     swarm = InProcessSwarm(n, seed=0)
     methods = [build_method(cfg, swarm.exchange(i)) for i in range(n)]
+    for i in diverged:
+        cast(DiLoCo, methods[i])._diverged = True
     states = [
         OuterState(anchor=[a.clone() for a in anchors[i]], momentum=[torch.zeros_like(a) for a in anchors[i]])
         for i in range(n)
@@ -324,3 +329,17 @@ def test_diloco_reagrees_when_the_digests_show_a_drift_and_skips_once_it_is_gone
     anchors[2][0] += 1e-3  # one peer's φ differs: its Δ still averages in full
     tags = _diloco_rounds(cfg, anchors, 4)
     assert all(t == [["outer"], ["outer", "reagree"], ["outer"], ["outer"]] for t in tags), tags
+
+
+def test_a_diverged_peer_asks_and_the_others_join_its_reagreement_the_next_round() -> None:
+    """peer0 diverged (a partial exchange during a link cut), the others did not (one rejoined by
+    download): its own re-agreement cannot complete without them, so it asks with its Δ, and they
+    join the next round's. Without periodic re-agreements nothing else would ever fix it."""
+    cfg = OuterConfig.for_method("diloco", reagree_every=0)
+    anchors, _ = _peers(3)
+    anchors[0][0] += 1e-3
+    tags = _diloco_rounds(cfg, anchors, 4, diverged=frozenset({0}))
+    # round 0: peer0 re-agrees alone and fails; round 1: everyone; round 2: peer0 asked again
+    # in round 1 (its re-agreement was still in flight) but the others joined one a round ago
+    assert tags[0] == [["outer", "reagree"], ["outer", "reagree"], ["outer"], ["outer"]], tags
+    assert tags[1] == tags[2] == [["outer"], ["outer", "reagree"], ["outer"], ["outer"]], tags

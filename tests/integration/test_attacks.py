@@ -120,9 +120,13 @@ def _timeout_s(rounds: int) -> float:
     return 180.0 * max(1.0, rounds / ROUNDS) ** 0.5
 
 
-def _clean_run(tmp_path_factory: pytest.TempPathFactory, rounds: int) -> Outcome:
+def _clean_run(tmp_path_factory: pytest.TempPathFactory, rounds: int, restart: bool = False) -> Outcome:
     out = run_attack(
-        tmp_path_factory.mktemp("clean"), _config(True, rounds), None, timeout_s=_timeout_s(rounds)
+        tmp_path_factory.mktemp("clean"),
+        _config(True, rounds),
+        None,
+        timeout_s=_timeout_s(rounds),
+        restart=restart,
     )
     print(f"\n{out.row(out.mean_loss)}")
     assert out.finished and out.final_rounds == [rounds] * 3, out.row(out.mean_loss)
@@ -142,7 +146,8 @@ def clean_long(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 
 @pytest.fixture(scope="module")
 def clean_restart(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    return _clean_run(tmp_path_factory, RESTART_ROUNDS)
+    """The control of `replay-leave`: the same peer leaves and comes back, and nobody attacks."""
+    return _clean_run(tmp_path_factory, RESTART_ROUNDS, restart=True)
 
 
 def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:

@@ -5,7 +5,8 @@ there first: forged records, a poisoned donor, endless streams; with them for a 
 training peer), waits for the honest peers to finish their rounds, stops and reaps
 everything by PID (`LocalSwarm`), and returns an `Outcome` read from the honest peers' metrics.
 For an attack on a peer that comes back (`RESTARTS`), the first honest peer leaves cleanly a
-twentieth of the way through its rounds and starts again under the same identity.
+twentieth of the way through its rounds and starts again under the same identity; a clean run
+does the same with `restart`, the control such an attack is measured against.
 """
 
 from __future__ import annotations
@@ -175,10 +176,18 @@ class Arena(LocalSwarm):
 
 
 def run_attack(
-    run_dir: Path, cfg: RunConfig, attack: Attack | None, honest: int = 3, timeout_s: float = 180.0
+    run_dir: Path,
+    cfg: RunConfig,
+    attack: Attack | None,
+    honest: int = 3,
+    timeout_s: float = 180.0,
+    restart: bool | None = None,
 ) -> Outcome:
-    """Run `honest` peers (and `attack`'s node) to the end of `cfg.rounds`; see the module's doc."""
+    """Run `honest` peers (and `attack`'s node) to the end of `cfg.rounds`; see the module's doc.
+    `restart`: whether the first peer leaves and comes back (None: where the attack needs it)."""
     kind = None if attack is None else attack.kind
+    if restart is None:
+        restart = attack is not None and attack.name in RESTARTS
     opts = local_options(run_dir, cfg, peers=honest + (kind == "peer"))
     victims = [load_or_create_identity(run_dir / "keys" / f"peer{i}.key").peer_id for i in range(honest)]
     watch = HoldWatch()
@@ -195,7 +204,7 @@ def run_attack(
             argv = hostile_peer_argv(peer_args(opts, honest), swarm.initial_peers, attack)
             attacker = swarm.start_argv(honest, f"peer{honest}", argv)
         try:
-            if attack is not None and attack.name in RESTARTS:
+            if restart:
                 peers[0] = _restart(swarm, 0, max(1, cfg.rounds // 20), timeout_s)
                 watch.pids[0] = peers[0].pid
             wait_all(peers, timeout_s)

@@ -51,14 +51,9 @@ class Penalties:
 
     `clock` counts what the penalty decays with (the owner's exchanges; seconds by default)."""
 
-    OFFENCE_MEMORY = 4.0
-    """Half-lives for which `offended_recently` remembers an offence after the exclusion ended."""
-
     def __init__(self, half_life: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.half_life, self.clock = half_life, clock
         self._scores: dict[str, tuple[float, float]] = {}
-        self._last: dict[str, float] = {}
-        """Peer -> the clock at its latest offence."""
         self._lock = threading.Lock()
 
     def _score(self, peer: str, now: float) -> float:
@@ -70,7 +65,6 @@ class Penalties:
         with self._lock:
             score = self._score(peer, now) + 1.0
             self._scores[peer] = (score, now)
-            self._last[peer] = now
         logger.warning("peer %s penalised (score %.1f): %s", peer[-8:], score, why)
 
     def forgive(self, peers: Sequence[str]) -> None:
@@ -78,22 +72,6 @@ class Penalties:
         with self._lock:
             for peer in peers:
                 self._scores.pop(peer, None)
-                self._last.pop(peer, None)
-
-    def offended_recently(self, peer: str) -> bool:
-        """Whether `peer` failed this peer's bounds within the last `OFFENCE_MEMORY` half-lives.
-
-        Evidence of drift (`run/entry_paths.outvoted`) outlasts an exclusion: honest peers whose
-        states drifted apart fail each other's bounds only in the exchanges they still share, a
-        few rounds apart, and a single exclusion is over before the next one begins."""
-        with self._lock:
-            last = self._last.get(peer)
-            if last is None:
-                return False
-            if self.clock() - last > self.OFFENCE_MEMORY * self.half_life:
-                del self._last[peer]
-                return False
-            return True
 
     def excluded(self, peer: str) -> bool:
         now = self.clock()

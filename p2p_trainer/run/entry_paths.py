@@ -255,34 +255,14 @@ class Rejoin:
         self.penalties = penalties
         self.alone = 0
         self.contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
-        self._drift_retry_at = 0.0
-        """After a rejoin that drift evidence prompted and that found no state: not before this
-        (monotonic s), the pace at which donors serve a peer states (`state_serves_per_minute`)."""
-
-    def _drifted(self) -> bool:
-        """Most of the live peers failed this peer's bounds lately (`outvoted`), and a rejoin for
-        that is not waiting out a failed one. Partial merges (parts with those who still take
-        this peer's values) keep such a peer from counting rounds alone, so this is checked on
-        its own."""
-        if self.penalties is None or time.monotonic() < self._drift_retry_at:
-            return False
-        others = {h.peer_id: h.round for h in self.view.heartbeats() if h.peer_id != self.transport.peer_id}
-        return bool(outvoted(others, {p for p in others if self.penalties.offended_recently(p)}))
 
     def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
         """Call after every round; returns a metrics record if the peer rejoined."""
         self.alone = alone_rounds(self.alone, m)
-        if self.lag_rounds <= 0:
-            return None
-        drifted = self.alone < self.lag_rounds and self._drifted()
-        if self.alone < self.lag_rounds and not drifted:
+        if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
             return None  # a peer that meets its groups never acts on (stale) heartbeat rounds
         left = self._rejoin()
         if left is None:
-            if drifted:
-                self._drift_retry_at = (
-                    time.monotonic() + 60.0 / self.peer.cfg.security.state_serves_per_minute
-                )
             return None
         self.alone = 0
         return RejoinRecord(
@@ -299,7 +279,7 @@ class Rejoin:
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
         against: list[str] = []
         if target is None and self.penalties is not None:
-            against = outvoted(others, {p for p in others if self.penalties.offended_recently(p)})
+            against = outvoted(others, {p for p in others if self.penalties.excluded(p)})
             if against:
                 rounds = sorted(others[p] for p in against)
                 target = rounds[len(rounds) // 2]

@@ -202,20 +202,6 @@ def test_penalty_decays_so_an_honest_peer_comes_back() -> None:
     assert not penalties.excluded("p")
 
 
-def test_an_offence_is_remembered_as_drift_evidence_after_its_exclusion_ends() -> None:
-    now = [0.0]
-    penalties = Penalties(half_life=6.0, clock=lambda: now[0])
-    assert not penalties.offended_recently("p")
-    penalties.offend("p", "update norm out of bounds")
-    now[0] = 7.0  # the exclusion is over after one half-life
-    assert not penalties.excluded("p") and penalties.offended_recently("p")
-    now[0] = 6.0 * Penalties.OFFENCE_MEMORY + 0.5
-    assert not penalties.offended_recently("p")
-    penalties.offend("q", "again")
-    penalties.forgive(["q"])  # its state was adopted: the evidence is spent
-    assert not penalties.offended_recently("q")
-
-
 def test_weight_bound_floor_is_a_full_round() -> None:
     defence = Defence.of(SecurityConfig(), Penalties(1.0), weight_floor=1000.0)
     assert defence.max_weight(10.0) == 1500.0  # a joiner's short round still accepts full rounds

@@ -299,14 +299,17 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
     contribution to the all-reduce of Δ, and a peer that merged such an ask joins the next round's
     re-agreement: without it, peers that diverged during a link cut would fail their re-agreement
     against a peer that had not (one that rejoined by download) until the periodic one. A peer
-    that asks every round (a liar) makes the others re-agree at most every `ASK_COOLDOWN_ROUNDS`.
+    answers an ask only `ASK_COOLDOWN_ROUNDS` after the last re-agreement it took part in: one
+    that asks every round (a liar) makes the others re-agree at most every second round, and an
+    ask sent while the asker's own re-agreement was in flight is not answered once that landed.
     """
 
     SKIPS_AGREED_REAGREE = True
-    ASK_COOLDOWN_ROUNDS = 2
-    """Rounds between two re-agreements a peer joins because another asked."""
     """Whether `end_round`'s exchange carries the digest (a subclass whose exchange does not
     cover the whole model in the round before a re-agreement turns it off)."""
+    ASK_COOLDOWN_ROUNDS = 2
+    """Rounds after a re-agreement this peer took part in before it joins one because another
+    asked."""
 
     def __init__(
         self,
@@ -321,8 +324,8 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         self._diverged = False
         self._asked = False
         """The last round's exchange merged a member's ask for a re-agreement."""
-        self._joined_ask: int | None = None
-        """The round of the last re-agreement this peer started because another asked."""
+        self._last_reagree: int | None = None
+        """The round of the last re-agreement this peer started, for whatever reason."""
         self._agreed = False
         """The last round's exchange showed every member with this peer's φ and m (then equal)."""
         self._digest: tuple[concurrent.futures.Future[bytes], list[torch.Tensor], list[torch.Tensor]] | None
@@ -336,12 +339,14 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
         both = [*state.anchor, *state.momentum]
         reference = self._model_reference(state.round, both)  # every round, for the next one
         due = bool(every) and state.round % every == every - 1
-        last = self._joined_ask
+        last = self._last_reagree
+        # an ask sent while the asker's own re-agreement was in flight may be stale by now: one
+        # this peer took part in lately answered it
         asked = self._asked and (last is None or state.round - last >= self.ASK_COOLDOWN_ROUNDS)
         if asked and not self._diverged and not due:
-            self._joined_ask = state.round
             logger.info("round %d: re-agreement asked for by a member of the last round's group", state.round)
         if self._diverged or asked or (due and not self._agreed):
+            self._last_reagree = state.round
             # the momenta too: after a partial round they differ, and would pull the anchors
             # apart again by α·β·(m_i − m_j) every round
             self._reagree = self._start_behind("reagree", state, ALL, weight, both, reference)

@@ -17,8 +17,9 @@ the others' when it arrived (peers with different member lists exchange under di
 leaves the survivors with an incomplete result: parts kept as their owners' own values, which is
 not the consensus. A peer whose result is incomplete and ended before the wait ran out (so not
 because nobody came) meets the others again with a fresh view, under the next attempt's key, at
-most `FINAL_ATTEMPTS` times in all; the survivors saw the same death and do the same. It keeps the
-most complete result of its attempts.
+most `FINAL_ATTEMPTS` times in all; the survivors saw the same death and do the same. A later result
+replaces the kept one only if it is a whole merge with others (a peer left alone because the
+others finished keeps its partial merge), or the kept one was a failure.
 
 Failure keeps work: the checkpoint is written before the exchange, a `Failed` result (or a stop
 signal during the wait) keeps the peer's own φ and says why in the log and the final record. An
@@ -151,17 +152,20 @@ def complete(res: ExchangeResult) -> bool:
     return isinstance(res, Ok) and not res.left_out and res.own_parts == 0
 
 
-def _rank(res: ExchangeResult) -> tuple[bool, bool, int, int]:
-    """Orders results from worst to best: merged at all, then complete, larger groups, fewer own parts."""
-    if not isinstance(res, Ok):
-        return (False, False, 0, 0)
-    return (True, complete(res), res.group_size, -res.own_parts)
+def _better(again: ExchangeResult, kept: ExchangeResult) -> bool:
+    """Whether a later meeting's result replaces the one kept: a whole merge with others always
+    does, any merge replaces a failure. A result of this peer alone (the others finished and left)
+    never replaces a merge, nor does another partial one."""
+    if not isinstance(again, Ok):
+        return False
+    return (complete(again) and again.group_size >= 2) or not isinstance(kept, Ok)
 
 
-def _meet_again(res: ExchangeResult, request: ExchangeRequest) -> bool:
-    """An incomplete result that ended before the wait for the others ran out: a view mismatch or
-    a member that died mid-exchange, which a meeting with fresh views repairs."""
-    return not complete(res) and res.elapsed_s < request.quorum_wait_s
+def _meet_again(latest: ExchangeResult, took_s: float, request: ExchangeRequest) -> bool:
+    """The latest meeting was incomplete and ended before the wait for the others ran out (taken
+    as this peer measured it): a view mismatch or a member that died mid-exchange, which a meeting
+    with fresh views repairs."""
+    return not complete(latest) and took_s < request.quorum_wait_s
 
 
 def agree(
@@ -171,19 +175,22 @@ def agree(
 
     `retry_pause_s`: how long to wait before meeting again (a view period: the views refresh)."""
     t0 = time.monotonic()
-    res = _wait(peer, request, stopped)
-    attempt = 1
-    while attempt < FINAL_ATTEMPTS and _meet_again(res, request) and not stopped():
+    res = latest = _wait(peer, request, stopped)
+    took, attempt = time.monotonic() - t0, 1
+    while attempt < FINAL_ATTEMPTS and _meet_again(latest, took, request) and not stopped():
         logger.info(
             "final agreement: attempt %d incomplete (%s); meeting the others again",
             attempt,
-            f"{res.group_size} peer(s), left out {list(res.left_out)}" if isinstance(res, Ok) else res.reason,
+            f"{latest.group_size} peer(s), left out {list(latest.left_out)}"
+            if isinstance(latest, Ok)
+            else latest.reason,
         )
         time.sleep(retry_pause_s)
-        again = _wait(peer, dataclasses.replace(request, gossip_step=attempt), stopped)
-        attempt += 1
-        if _rank(again) >= _rank(res):
-            res = again
+        began = time.monotonic()
+        latest = _wait(peer, dataclasses.replace(request, gossip_step=attempt), stopped)
+        took, attempt = time.monotonic() - began, attempt + 1
+        if _better(latest, res):
+            res = latest
     report = RoundReport(peer.state.round)
     report.add(FINAL_TAG, res, time.monotonic() - t0)  # logs a failure and why
     if isinstance(res, Ok):

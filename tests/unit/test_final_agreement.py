@@ -222,3 +222,16 @@ def test_survivors_of_a_peer_that_died_during_the_agreement_meet_again_and_end_w
     for peer in peers:
         for a, m in zip(peer.state.anchor, mean, strict=True):
             torch.testing.assert_close(a, m)
+
+
+def test_a_later_meeting_replaces_the_kept_result_only_with_a_whole_merge_with_others() -> None:
+    from p2p_trainer.exchange.interface import Failed, Ok
+    from p2p_trainer.run.final_agreement import _better
+
+    partial = Ok([torch.zeros(2)], group_size=1, total_weight=3.0, own_parts=1, left_out=("c",))
+    whole = Ok([torch.zeros(2)], group_size=2, total_weight=2.0)
+    alone = Ok([torch.zeros(2)], group_size=1, total_weight=1.0)  # the others finished and left
+    assert _better(whole, partial) and _better(whole, Failed("x"))
+    assert not _better(alone, partial), "a peer left alone would throw its merge away"
+    assert not _better(partial, partial) and not _better(Failed("late"), partial)
+    assert _better(partial, Failed("views differed"))

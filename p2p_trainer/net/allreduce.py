@@ -148,10 +148,12 @@ async def _collect(
     """Phase 1 at the owner: contributions to part `me` until quorum + grace (or the quorum wait)."""
     n = len(group.members)
     need = (group.quorum or n) - 1  # other members needed for the quorum
+
+    def key_of(member: str) -> str:
+        return f"{group.key}|c|{me}|{member}"  # its contribution to this owner's part
+
     tasks = {
-        asyncio.create_task(
-            transport.mailbox.get(f"{group.key}|c|{me}|{group.members[j]}", deadline - time.monotonic())
-        ): j
+        asyncio.create_task(transport.mailbox.get(key_of(group.members[j]), deadline - time.monotonic())): j
         for j in range(n)
         if j != me and group.members[j] not in group.excluded
     }
@@ -167,9 +169,7 @@ async def _collect(
         # a contribution already here is taken whatever its sender's state now (suspected since,
         # or left): only the wait for the missing ones ends when their senders are gone
         possible = [
-            m
-            for m in waiting
-            if transport.mailbox.has(f"{group.key}|c|{me}|{m}") or (not gone(m) and m not in other_view)
+            m for m in waiting if transport.mailbox.has(key_of(m)) or (not gone(m) and m not in other_view)
         ]
         if quorum_s is None and (len(got) >= need or len(got) + len(possible) < need):
             quorum_s = time.monotonic() - started  # reached, or out of reach: the grace window starts

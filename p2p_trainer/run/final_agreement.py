@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import torch
 
-from p2p_trainer.algo.methods import RoundReport
+from p2p_trainer.algo.methods import RoundReport, merged_fully
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
 from p2p_trainer.round_log import ExchangeRecord
@@ -147,25 +147,20 @@ def keep_the_better(
     return own_loss, mean_loss, True
 
 
-def complete(res: ExchangeResult) -> bool:
-    """Every part of the result is the mean over the whole group: nobody left out, no own values."""
-    return isinstance(res, Ok) and not res.left_out and res.own_parts == 0
-
-
 def _better(again: ExchangeResult, kept: ExchangeResult) -> bool:
     """Whether a later meeting's result replaces the one kept: a whole merge with others always
     does, any merge replaces a failure. A result of this peer alone (the others finished and left)
     never replaces a merge, nor does another partial one."""
     if not isinstance(again, Ok):
         return False
-    return (complete(again) and again.group_size >= 2) or not isinstance(kept, Ok)
+    return (merged_fully(again) and again.group_size >= 2) or not isinstance(kept, Ok)
 
 
 def _meet_again(latest: ExchangeResult, took_s: float, request: ExchangeRequest) -> bool:
     """The latest meeting was incomplete and ended before the wait for the others ran out (taken
     as this peer measured it): a view mismatch or a member that died mid-exchange, which a meeting
     with fresh views repairs."""
-    return not complete(latest) and took_s < request.quorum_wait_s
+    return not merged_fully(latest) and took_s < request.quorum_wait_s
 
 
 def agree(

@@ -457,8 +457,7 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
     mean_loss: float | None = None
     if not stopped and wants_final_agreement(cfg):
         reference = peer.workload.initial_weights()
-        request = final_request(cfg, reference)
-        agreement = agree(peer, request, stop_requested, cfg.network.view_period_s)
+        agreement = agree(peer, final_request(cfg, reference), stop_requested, cfg.network.view_period_s)
         if agreement.merged:
             own_loss, mean_loss, kept_own = keep_the_better(
                 peer, own_anchor, cfg.exchange.final_max_loss_increase

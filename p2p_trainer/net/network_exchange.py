@@ -123,6 +123,11 @@ class NetworkExchange:
         self._exchanges = 0
         """Exchanges this peer started: the clock its penalties decay with (§10)."""
         self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
+        self.final_penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
+        """The ledger of exchanges outside the rounds (the final agreement): there every live peer
+        must merge for the result to be whole, and a peer penalised once for a noisy round's update
+        would be left out of it for good. The final's own bounds still check every contribution,
+        and a peer caught in one meeting is left out of the next."""
         self._late_s = 0.0
         """Latest offset at which a contribution that missed its window arrived (0: none since
         the last result): reported with the next result, for the grace window (§4)."""
@@ -146,7 +151,8 @@ class NetworkExchange:
         _, members = group_of(self.me, live, request.group_size, seed)
         defence = None
         if self.security.defences:
-            defence = Defence.of(self.security, self.penalties, request.weight_floor)
+            ledger = self.penalties if request.in_round else self.final_penalties
+            defence = Defence.of(self.security, ledger, request.weight_floor)
         digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
         prefix = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/"
         return GroupSpec(

@@ -235,3 +235,42 @@ def test_a_later_meeting_replaces_the_kept_result_only_with_a_whole_merge_with_o
     assert not _better(alone, partial), "a peer left alone would throw its merge away"
     assert not _better(partial, partial) and not _better(Failed("late"), partial)
     assert _better(partial, Failed("views differed"))
+
+
+def test_a_peer_penalised_in_the_rounds_still_meets_the_others_in_the_final_agreement(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """peer0 penalised peer1 in the rounds (an honest but noisy update can cross a bound once).
+    In the rounds that leaves peer1 out of peer0's groups for a while; in the final agreement it
+    would leave the result short of one model on every peer. All three end on the exact mean."""
+    cfg = tiny_config("diloco", rounds=3, final_wait_s=10.0, timeout_s=5.0)
+    ids = [f"peer{i}" for i in range(3)]
+    net: dict[str, LoopTransport] = {}
+    corpus = load_corpus(cfg.data, cfg.model.seq_len)
+    peers, exchanges = [], []
+    for i, me in enumerate(ids):
+        net[me] = LoopTransport(me, net, loop)
+        exchange = NetworkExchange(cast(Transport, net[me]), lambda: list(ids), "run", cfg.seed)
+        assert exchange.security.defences
+        peer = Peer(cfg, exchange, corpus, peer_key=me)
+        peer.state.anchor = [a + 0.01 * (i + 1) for a in peer.state.anchor]
+        peers.append(peer)
+        exchanges.append(exchange)
+    exchanges[0].penalties.offend("peer1", "update cosine -0.81 < -0.8 in a round")
+    assert exchanges[0].penalties.excluded("peer1")
+    mean = [torch.stack(ts).mean(0) for ts in zip(*[p.state.anchor for p in peers], strict=True)]
+    records: list[ExchangeRecord | None] = [None] * 3
+
+    def run(i: int) -> None:
+        records[i] = agree(peers[i], final_request(cfg), lambda: False, retry_pause_s=0.2)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(r is not None and r.ok and r.group_size == 3 and r.own_parts == 0 for r in records), records
+    for peer in peers:
+        for a, m in zip(peer.state.anchor, mean, strict=True):
+            torch.testing.assert_close(a, m)
+    assert exchanges[0].penalties.excluded("peer1"), "the rounds' penalty is kept for the rounds"

@@ -16,7 +16,9 @@ valid signatures and bits flipped, so that they reach the signature checks.
 
 The consumers get whatever a decoder lets through and must neither raise nor return something
 out of range: view bounds, round alignment, rejoin target, the estimate of a peer's round, donor
-order and refusal (heartbeats with every numeric field anywhere in its valid range). Those of
+order and refusal (heartbeats with every numeric field anywhere in its valid range), and the swarm
+view itself with the groups drawn from it (`view_target.py`: its members, tombstones, and honest
+peers kept in view whatever one liar publishes). Those of
 records that can keep a peer out must do so only on a record validly signed by the right key:
 published revocations (`learn_published`), the joiner's run definition check and the liveness
 record behind "identity already live"; a connection that fails its handshake must give back its
@@ -91,6 +93,7 @@ from bench.fuzz.stream_targets import (
     relay,
     sized_payloads,
 )
+from bench.fuzz.view_target import SWARM_VIEW
 from p2p_trainer.net import owner_text, revocation
 from p2p_trainer.net.record_validator import MAX_TTL_S
 from p2p_trainer.net.transport import MAX_HEADER_BYTES
@@ -257,6 +260,7 @@ TARGETS: dict[str, tuple[Callable[..., None], tuple[st.SearchStrategy[Any], ...]
             st.floats(min_value=0.0, max_value=4e9, allow_nan=False),
         ),
     ),
+    "swarm view": SWARM_VIEW,
     "revocation records": (
         fuzz_revocation_records,
         (

@@ -48,7 +48,7 @@ from p2p_trainer.net.identity import (
     load_or_create_identity,
     load_signing_key,
 )
-from p2p_trainer.net.record_validator import SignedRecordValidator
+from p2p_trainer.net.record_validator import MAX_RECORDS_PER_SIGNER, SignedRecordValidator
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,9 @@ class DHTConfig:
     verify_records: bool = True
     """Install the validator that refuses unsigned or forged records (off only with the security
     defences off, so attack tests can show what forged records do)."""
+    records_per_signer: int | None = MAX_RECORDS_PER_SIGNER
+    """Most distinct records one signer may make this node hold at a time (`record_validator.py`);
+    None: no bound (attack tests, to show what a flood of valid records under new keys does)."""
 
 
 def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], timeout_s: float) -> None:
@@ -142,7 +145,9 @@ def _try_start(
         identity_path=str(identity.path),
         check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check in NetNode
         startup_timeout=config.startup_timeout_s,
-        record_validators=[SignedRecordValidator(drops)] if config.verify_records else [],
+        record_validators=(
+            [SignedRecordValidator(drops, config.records_per_signer)] if config.verify_records else []
+        ),
     )
     dht.run_in_background(await_ready=False)
     seen: dict[int, processes.DaemonProcess] = {}

@@ -227,6 +227,7 @@ REASONS = (
     "implausible",
     "replay",
     "not-admitted",
+    "quota",
 )
 """Why a record was dropped: the counters' names."""
 

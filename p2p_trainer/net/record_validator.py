@@ -7,6 +7,13 @@ the key, and whose body, for heartbeats and liveness records, names that same pe
 happens in our own process before the store (see `envelope.py` for why), so `sign_value` and
 `strip_value` are hivemind's defaults: the value stays the envelope, and `records.py` opens it.
 
+The validator also bounds what any one signer can make this node hold: at most
+`max_per_signer` distinct (key, subkey) slots with an unexpired record at a time. Keys are cheap
+to make up (a run name is any string), so without the bound one identity could fill a node's
+storage with a flood of valid records under new keys. An honest peer holds a few slots per run
+(heartbeat, run definition, revocations) and one liveness record; a record that replaces one in
+a slot the signer already holds always passes.
+
 The validator runs inside the DHT process; its drops go to a `DropCounter` in shared memory that
 the node reads (`NetNode.record_drops`).
 """
@@ -41,8 +48,16 @@ def body_owner(key: str, body: bytes) -> str | None:
     return None
 
 
-def check_record(record: DHTRecord, now: float) -> None:
-    """Raise `EnvelopeError` unless `record` (as hivemind hands it to a validator) is ours and sound."""
+MAX_RECORDS_PER_SIGNER = 64
+"""Distinct unexpired (key, subkey) slots one signer's records may fill on a node (about 300 KB of
+envelopes): room for an honest peer in a dozen runs at once."""
+_SWEEP_EVERY = 1024
+"""Validations between two sweeps that forget signers whose every record has expired."""
+
+
+def check_record(record: DHTRecord, now: float) -> str:
+    """The signer of `record` (as hivemind hands it to a validator); raises `EnvelopeError` unless
+    the record is ours and sound."""
     if not isinstance(record.value, bytes) or len(record.value) > _MAX_VALUE_BYTES:
         raise EnvelopeError("oversize", "value larger than an envelope")
     if record.expiration_time > now + MAX_TTL_S:
@@ -58,17 +73,60 @@ def check_record(record: DHTRecord, now: float) -> None:
     named = body_owner(sealed.key, sealed.body)
     if named is not None and named != sealed.signer:
         raise EnvelopeError("body", f"body names {named[-8:]}, signed by {sealed.signer[-8:]}")
+    return sealed.signer
+
+
+class SignerQuota:
+    """The slots each signer's unexpired records fill (see the module docstring)."""
+
+    def __init__(self, max_per_signer: int) -> None:
+        if max_per_signer < 1:
+            raise ValueError(f"max_per_signer must be at least 1, got {max_per_signer}")
+        self.max_per_signer = max_per_signer
+        self._slots: dict[str, dict[tuple[bytes, bytes], float]] = {}
+        self._checks = 0
+
+    def admit(self, signer: str, record: DHTRecord, now: float) -> None:
+        """Count `record` in its signer's slots; raises `EnvelopeError` if it needs a new slot and
+        the signer's are full."""
+        self._checks += 1
+        if self._checks % _SWEEP_EVERY == 0:
+            self._sweep(now)
+        slots = self._slots.setdefault(signer, {})
+        slot = (record.key, record.subkey)
+        if slot not in slots:
+            for held in [s for s, expiration in slots.items() if expiration < now]:
+                del slots[held]
+            if len(slots) >= self.max_per_signer:
+                raise EnvelopeError(
+                    "quota",
+                    f"{signer[-8:]} already holds {len(slots)} records here (at most {self.max_per_signer})",
+                )
+        slots[slot] = max(slots.get(slot, 0.0), record.expiration_time)
+
+    def _sweep(self, now: float) -> None:
+        for signer in [s for s, slots in self._slots.items() if all(e < now for e in slots.values())]:
+            del self._slots[signer]
+
+    def held(self, signer: str) -> int:
+        """Slots `signer` holds (expired ones included until they are swept)."""
+        return len(self._slots.get(signer, {}))
 
 
 class SignedRecordValidator(RecordValidatorBase):
-    """Accepts only records sealed by their owner (`check_record`); counts the rest."""
+    """Accepts only records sealed by their owner (`check_record`), up to `max_per_signer` slots per
+    signer (`SignerQuota`; None: no bound); counts the rest."""
 
-    def __init__(self, drops: DropCounter) -> None:
+    def __init__(self, drops: DropCounter, max_per_signer: int | None = MAX_RECORDS_PER_SIGNER) -> None:
         self.drops = drops
+        self.quota = None if max_per_signer is None else SignerQuota(max_per_signer)
 
     def validate(self, record: DHTRecord) -> bool:
         try:
-            check_record(record, time.time())
+            now = time.time()
+            signer = check_record(record, now)
+            if self.quota is not None:
+                self.quota.admit(signer, record, now)
         except EnvelopeError as e:
             self.drops.count(e.reason, str(e))
             return False

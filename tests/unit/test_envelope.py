@@ -12,7 +12,12 @@ from nacl.signing import SigningKey
 
 from p2p_trainer.net import envelope, records
 from p2p_trainer.net.envelope import DropCounter, EnvelopeError, Signer
-from p2p_trainer.net.record_validator import MAX_TTL_S, SignedRecordValidator, check_record
+from p2p_trainer.net.record_validator import (
+    MAX_RECORDS_PER_SIGNER,
+    MAX_TTL_S,
+    SignedRecordValidator,
+    check_record,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,6 +112,36 @@ def test_the_validator_counts_drops_and_logs_once_per_period(caplog: pytest.LogC
         assert not validator.validate(record(key, subkey, b"garbage", expiration))
     assert drops.counts() == {"wrong-owner": 50, "malformed": 1}
     assert len(caplog.records) == 2  # one line per reason, not one per record
+
+
+def _definition(signer: Signer, run: str, ttl_s: float = 30.0) -> DHTRecord:
+    """`signer`'s run definition of `run`: any run name is a new key, as a flood would use."""
+    key, expiration = records.run_definition_key(run), records.now() + ttl_s
+    body = records.RunDefinition({"seed": 0}).encode()
+    return record(key, signer.peer_id, signer.seal(key, signer.peer_id, expiration, body), expiration)
+
+
+def test_one_signer_fills_at_most_its_quota_of_slots_and_replaces_its_own() -> None:
+    drops = DropCounter("test node", log_period_s=3600.0)
+    validator = SignedRecordValidator(drops)
+    assert MAX_RECORDS_PER_SIGNER == 64
+    flood = [_definition(MALLORY, f"run{i}") for i in range(100)]
+    passed = [validator.validate(r) for r in flood]
+    assert passed == [True] * 64 + [False] * 36
+    assert drops.counts() == {"quota": 36}
+    assert validator.validate(_definition(MALLORY, "run3"))  # a new record in a slot it holds
+    assert validator.validate(_definition(ALICE, "run99"))  # another signer's slots are its own
+    assert validator.validate(record(*sealed(ALICE)))
+    # the slots come back once their records expire
+    later = SignedRecordValidator(DropCounter("t", 3600.0))
+    for i in range(64):
+        assert later.validate(_definition(MALLORY, f"short{i}", ttl_s=0.5))
+    assert not later.validate(_definition(MALLORY, "one-more"))
+    time.sleep(0.6)
+    assert later.validate(_definition(MALLORY, "one-more"))
+    assert later.quota is not None and later.quota.held(MALLORY.peer_id) == 1
+    unbounded = SignedRecordValidator(DropCounter("t", 3600.0), max_per_signer=None)
+    assert all(unbounded.validate(r) for r in flood)
 
 
 def _mutations(rng: random.Random, valid: bytes, n: int) -> list[bytes]:

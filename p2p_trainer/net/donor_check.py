@@ -14,6 +14,14 @@ since it supplies the hash itself. So the joiner:
   and the next donor is tried in its place;
 - says in the log when no second donor was available (none in view, or the others failed), so
   the state could not be confirmed.
+
+The outer momentum m comes with the state, and neither the loss check nor the distance of φ looks
+at it: a donor serving an honest φ with m scaled a thousandfold passes both, and the joiner's
+first outer step (φ − α(Δ + βm)) throws its model away. So m is taken only as far as another
+donor backs it: whole where a witness served the same hash (the same m); where the witness's state
+differs (gossip peers), the smaller of the two donors' m by norm, so a liar on either side can make
+it smaller and never larger than an honest peer's; and not at all (zero, as a new run's) where no
+second donor was available.
 """
 
 from __future__ import annotations
@@ -51,10 +59,16 @@ def distance(a: DonorState, b: DonorState) -> float:
     return (diff / max(norm, 1e-30)) ** 0.5
 
 
+def _norm(tensors: Sequence[torch.Tensor]) -> float:
+    return sum(float(torch.sum(t.double() ** 2)) for t in tensors) ** 0.5
+
+
 def agrees(
     state: DonorState, witness: str, header: Header, download: Download, tolerance: float
 ) -> bool | None:
-    """Whether `witness` confirms `state`: True, False, or None if the witness could not answer."""
+    """Whether `witness` confirms `state`: True, False, or None if the witness could not answer.
+    Where the witness's state differs from `state` but confirms it, `state` keeps the smaller of
+    the two outer momenta (see the module's docstring)."""
     said = header(witness)
     if isinstance(said, Failed):
         logger.warning("state check: %s", said.reason.splitlines()[0])
@@ -66,6 +80,14 @@ def agrees(
         logger.warning("state check: %s", other.reason.splitlines()[0])
         return None
     gap = distance(state, other)
+    if gap <= tolerance and _norm(other.momentum) < _norm(state.momentum):
+        logger.info(
+            "state check: taking %s's outer momentum (norm %.4g) for the donor's (norm %.4g)",
+            witness[-8:],
+            _norm(other.momentum),
+            _norm(state.momentum),
+        )
+        state.momentum = other.momentum
     logger.info(
         "state check: witness %s serves round %d (ours %d), relative distance %.3g (tolerance %.3g)",
         witness[-8:],
@@ -146,6 +168,10 @@ def _judged(
         logger.warning("state download: %s", reason)
         return reason
     logger.warning(
-        "state of %s (round %d) not confirmed: no second donor was available", donor[-8:], got.round
+        "state of %s (round %d) not confirmed: no second donor was available; its outer momentum"
+        " is not taken (this peer starts with none)",
+        donor[-8:],
+        got.round,
     )
+    got.momentum = [torch.zeros_like(m) for m in got.momentum]
     return None

@@ -70,7 +70,11 @@ peer takes, under keys no exchange reads."""
 LONE_DONOR = "donor:5"
 """A poisoned donor at a round the run could be at, first in the swarm: each honest peer, starting,
 sees it as the only donor (nothing to measure its round against, no second donor to confirm)."""
-OTHERS = ["donor", LONE_DONOR, f"streams:{STREAMS}", SPAM]
+MOMENTUM_DONOR = "donor-momentum:1"
+"""The same lone donor serving the seed's weights (each starting peer's own, so no check of the
+weights can refuse them) at round 1, with an outer momentum of 1000x those weights: only the rule
+that a joiner takes no momentum a second donor does not back stands in its way."""
+OTHERS = ["donor", LONE_DONOR, MOMENTUM_DONOR, f"streams:{STREAMS}", SPAM]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
 IN_MAKE_TEST = [
@@ -80,12 +84,13 @@ IN_MAKE_TEST = [
     "huge-round",
     "donor",
     LONE_DONOR,
+    MOMENTUM_DONOR,
     "flood:100",
     f"streams:{STREAMS}",
     SPAM,
 ]
 """The defended arms `make test` runs: a contribution, a part owner's result, a forged record, a
-forged round, a poisoned donor, far ahead and alone in sight, a flood of phantom peers in an
+forged round, a poisoned donor, far ahead and alone in sight, its poisoned momentum, a flood of phantom peers in an
 open swarm, endless streams, and a member's flood of messages nobody reads (under a minute each; `impersonate` and the streams run
 LONG_ROUNDS, with one clean run of that length). The other defended arms, and every undefended one,
 run under `make bench-check`."""
@@ -262,6 +267,7 @@ HARM: dict[str, Harm] = {
     "huge-round": _worse_loss,
     "donor": _worse_loss,
     LONE_DONOR: _worse_loss,
+    MOMENTUM_DONOR: _worse_loss,
     f"streams:{STREAMS}": _held,
     SPAM: _swollen,
 }

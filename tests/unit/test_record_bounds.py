@@ -138,6 +138,39 @@ def test_a_second_donor_confirms_the_state_and_a_poisoned_one_is_refused(
     assert not isinstance(got, list) and downloads == ["a"]  # the hash alone confirmed it
 
 
+def test_a_joiner_takes_no_outer_momentum_larger_than_a_second_donor_backs() -> None:
+    """An honest φ with m scaled a thousandfold passes the loss check and the distance of φ; the
+    joiner's first outer step would then move φ by hundreds of times its norm."""
+    honest_m, poisoned_m = torch.full((4,), 0.01), torch.full((4,), 10.0)
+
+    def with_m(m: torch.Tensor, digest: str, scale: float = 1.0) -> DonorState:
+        return replace(state(50, scale, digest), momentum=[m.clone()])
+
+    def run(served: dict[str, DonorState], order: list[str]) -> DonorState:
+        got = confirmed_download(
+            order,
+            lambda d: replace(served[d], momentum=[m.clone() for m in served[d].momentum]),
+            lambda d: (served[d].round, served[d].sha256),
+            lambda rnd: None,
+            tolerance=0.05,
+        )
+        assert not isinstance(got, list), got
+        assert got[1] == order[0]  # φ agrees: the first donor's state is adopted ...
+        return got[0]
+
+    # ... with the witness's momentum where the donor's is larger, and its own where it is smaller
+    served = {"liar": with_m(poisoned_m, "p"), "a": with_m(honest_m, "x", 1.01)}
+    assert torch.equal(run(served, ["liar", "a"]).momentum[0], honest_m)
+    assert torch.equal(run(served, ["a", "liar"]).momentum[0], honest_m)
+    smaller = {"liar": with_m(-0.5 * honest_m, "p"), "a": with_m(honest_m, "x", 1.01)}
+    assert torch.equal(run(smaller, ["a", "liar"]).momentum[0], -0.5 * honest_m)
+    # the same hash: the same state, momentum included
+    same = {"a": with_m(honest_m, "x"), "b": with_m(honest_m, "x")}
+    assert torch.equal(run(same, ["a", "b"]).momentum[0], honest_m)
+    # nobody to back it: none
+    assert torch.equal(run({"liar": with_m(poisoned_m, "p")}, ["liar"]).momentum[0], torch.zeros(4))
+
+
 def test_a_donor_state_that_fails_its_contents_check_is_refused_even_when_confirmed() -> None:
     # a forger alone in sight, or two that serve the same poison: a plausible round and agreeing
     # hashes do not make a state that was never trained from the run's model

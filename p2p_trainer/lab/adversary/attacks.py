@@ -27,6 +27,12 @@ ATTACKS: dict[str, tuple[Kind, float, str]] = {
     "tombstone": ("records", 0.0, "tombstones (leaving) under the honest peers' ids"),
     "flood": ("records", 100.0, "ARG heartbeats of peers that do not exist, at the swarm's round"),
     "donor": ("donor", 1e9, "serves poisoned state to joiners, advertised at round ARG"),
+    "donor-momentum": (
+        "donor",
+        1.0,
+        "serves the seed's weights (every peer's own at the start) at round ARG, with an outer"
+        " momentum of 1000x those weights",
+    ),
     "streams": ("streams", 200.0, "ARG streams per honest peer that send a header and never finish"),
 }
 """name -> (kind of attacker, default ARG, what it does)."""

@@ -2,7 +2,10 @@
 
 It advertises that round in a heartbeat of its own id, so a joiner (or a peer starting next to
 it) ranks it first among the donors (`net/state_sync.py: donor_order`) and, trusting it, adopts
-weights that are the seed's multiplied by -10, at a round that may be past the run's end.
+weights that are the seed's multiplied by -10, at a round that may be past the run's end
+(`donor`); or the seed's own weights, which any check of the weights passes, with an outer
+momentum a thousand times their size, which the first outer step turns into the same ruin
+(`donor-momentum`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,18 @@ def poisoned_state(cfg: RunConfig, round: int) -> OuterState:
     return state
 
 
+MOMENTUM_POISON = 1000.0
+"""`donor-momentum`'s momentum is the seed's weights times this."""
+
+
+def poisoned_momentum(cfg: RunConfig, round: int) -> OuterState:
+    params = [p.detach().float() for p in build_model(cfg.model, cfg.seed).parameters()]
+    state = OuterState.from_params(params)
+    state.momentum = [MOMENTUM_POISON * a for a in state.anchor]
+    state.round = round
+    return state
+
+
 def serve_poison(
     dht: DHTLike,
     transport: Transport,
@@ -53,7 +68,8 @@ def serve_poison(
     """Serve the poisoned state until `stop`; advertise it for `advertise_s` in a heartbeat sealed by
     `signer` (the key of the node `transport` runs on). Returns the states served."""
     server = StateServer(transport, cfg.run_id())
-    server.publish(poisoned_state(cfg, int(attack.arg)), step_s=0.01)
+    poison = poisoned_momentum if attack.name == "donor-momentum" else poisoned_state
+    server.publish(poison(cfg, int(attack.arg)), step_s=0.01)
     me, ttl = transport.peer_id, cfg.network.heartbeat_ttl_s
     until = time.monotonic() + advertise_s
     for tick in every(cfg.network.view_period_s / 2, stop):

@@ -145,6 +145,7 @@ class Swarm:
                 announce_host=announce_host,
                 initial_peers=tuple(initial_peers),
                 verify_records=self.config.security.defences,
+                swarm=self.run_name,
             )
             self.node: NetNode = start_node(self._dht, stop=self.stop)
             self._leave.callback(self.node.shutdown)

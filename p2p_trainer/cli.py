@@ -291,6 +291,7 @@ def join(
         announce_host=announce_host,
         initial_peers=tuple(initial_peers),
         verify_records=cfg.security.defences,
+        swarm=swarm,
     )
     opts = JoinOptions(
         run=cfg,

@@ -30,7 +30,7 @@ import hivemind
 from hivemind.p2p import PeerID
 
 from p2p_trainer import processes
-from p2p_trainer.net import reaper, records
+from p2p_trainer.net import reaper, records, revocation
 from p2p_trainer.net.addresses import (
     announce_maddr,
     check_announce_host,
@@ -39,7 +39,7 @@ from p2p_trainer.net.addresses import (
     unreachable_message,
     validate_initial_peers,
 )
-from p2p_trainer.net.envelope import DropCounter, Signer
+from p2p_trainer.net.envelope import DropCounter, Signer, dht_key_bytes
 from p2p_trainer.net.identity import (
     IdentityError,
     IdentityInUseError,
@@ -109,9 +109,25 @@ class DHTConfig:
     verify_records: bool = True
     """Install the validator that refuses unsigned or forged records (off only with the security
     defences off, so attack tests can show what forged records do)."""
+    swarm: str = ""
+    """The swarm this node trains in (none for a bootstrap node): its shared records are read from
+    other nodes and never refused for `records_per_signer` (`record_validator.py`)."""
     records_per_signer: int | None = MAX_RECORDS_PER_SIGNER
     """Most distinct records one signer may make this node hold at a time (`record_validator.py`);
     None: no bound (attack tests, to show what a flood of valid records under new keys does)."""
+
+
+def shared_keys(swarm: str) -> frozenset[bytes]:
+    """The DHT keys of `swarm`'s records with an entry per peer: heartbeats, run definitions,
+    revocations (none without a swarm)."""
+    if not swarm:
+        return frozenset()
+    keys = (
+        records.heartbeat_key(swarm),
+        records.run_definition_key(swarm),
+        revocation.revocations_key(swarm),
+    )
+    return frozenset(dht_key_bytes(k) for k in keys)
 
 
 def _wait_ready(dht: hivemind.DHT, seen: dict[int, processes.DaemonProcess], timeout_s: float) -> None:
@@ -146,7 +162,9 @@ def _try_start(
         check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check in NetNode
         startup_timeout=config.startup_timeout_s,
         record_validators=(
-            [SignedRecordValidator(drops, config.records_per_signer)] if config.verify_records else []
+            [SignedRecordValidator(drops, config.records_per_signer, shared_keys(config.swarm))]
+            if config.verify_records
+            else []
         ),
     )
     dht.run_in_background(await_ready=False)

@@ -14,6 +14,13 @@ storage with a flood of valid records under new keys. An honest peer holds a few
 (heartbeat, run definition, revocations) and one liveness record; a record that replaces one in
 a slot the signer already holds always passes.
 
+The bound never applies to the keys of this node's own swarm (`shared_keys`: its heartbeats, run
+definitions and revocations). Those records hold one entry per peer, and hivemind refuses a whole
+record read from another node when one entry fails: a signer whose slots here were filled with
+junk could otherwise add its entry to the swarm's heartbeats and blank the whole view, or the run
+definition a joiner needs. Their subkey is the signer's own id, so each holds one entry per signer
+anyway; what the bound limits is the number of keys.
+
 The validator runs inside the DHT process; its drops go to a `DropCounter` in shared memory that
 the node reads (`NetNode.record_drops`).
 """
@@ -115,17 +122,24 @@ class SignerQuota:
 
 class SignedRecordValidator(RecordValidatorBase):
     """Accepts only records sealed by their owner (`check_record`), up to `max_per_signer` slots per
-    signer (`SignerQuota`; None: no bound); counts the rest."""
+    signer outside `shared_keys` (`SignerQuota`; None: no bound); counts the rest."""
 
-    def __init__(self, drops: DropCounter, max_per_signer: int | None = MAX_RECORDS_PER_SIGNER) -> None:
+    def __init__(
+        self,
+        drops: DropCounter,
+        max_per_signer: int | None = MAX_RECORDS_PER_SIGNER,
+        shared_keys: frozenset[bytes] = frozenset(),
+    ) -> None:
+        """`shared_keys`: DHT keys (`envelope.dht_key_bytes`) the bound never applies to."""
         self.drops = drops
         self.quota = None if max_per_signer is None else SignerQuota(max_per_signer)
+        self.shared_keys = shared_keys
 
     def validate(self, record: DHTRecord) -> bool:
         try:
             now = time.time()
             signer = check_record(record, now)
-            if self.quota is not None:
+            if self.quota is not None and record.key not in self.shared_keys:
                 self.quota.admit(signer, record, now)
         except EnvelopeError as e:
             self.drops.count(e.reason, str(e))

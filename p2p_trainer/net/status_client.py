@@ -79,7 +79,9 @@ def _start(initial_peers: list[str], drops: DropCounter, startup_timeout_s: floa
         client_mode=True,
         cache_nearest=0,
         startup_timeout=startup_timeout_s,
-        record_validators=[SignedRecordValidator(drops)],
+        # a client-mode node stores nothing for others: no per-signer bound to keep, and none to
+        # blank a swarm's records with
+        record_validators=[SignedRecordValidator(drops, max_per_signer=None)],
     )
     dht.run_in_background(await_ready=False)
     return dht

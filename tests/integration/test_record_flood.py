@@ -33,6 +33,8 @@ FLOOD = 6000
 PAD = 3500
 """Characters of padding in each record's body (a body holds at most `envelope.MAX_BODY_BYTES`)."""
 BATCH = 100
+SWARM = "run"
+"""The victim's swarm: the bound never refuses its shared records (`dht.shared_keys`)."""
 
 
 def _rss_mib(pid: int) -> float:
@@ -55,7 +57,7 @@ def _sample(node: NetNode) -> dict[str, tuple[float, int]]:
 def _victim(tmp_path: Path, bound: int | None) -> Iterator[NetNode]:
     with contextlib.ExitStack() as stack:
         victim = start_node(
-            DHTConfig(str(tmp_path / "victim.key"), host="127.0.0.1", records_per_signer=bound)
+            DHTConfig(str(tmp_path / "victim.key"), host="127.0.0.1", swarm=SWARM, records_per_signer=bound)
         )
         stack.callback(victim.shutdown)
         yield victim
@@ -68,13 +70,14 @@ def _attacker(victim: NetNode) -> Iterator[hivemind.DHT]:
     dht = hivemind.DHT(
         initial_peers=victim.visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True
     )
-    daemons = [d.pid for d in processes.find_daemons(dht.pid)]
+    daemons = processes.find_daemons(dht.pid)
     try:
         yield dht
     finally:
         dht.shutdown()
-        for pid in daemons:
-            processes.stop_pid(pid, grace_s=2.0)
+        # stopped if still running (checked by its command line, in case the PID was reused);
+        # its socket files removed
+        processes.cleanup_daemons(daemons, grace_s=2.0)
 
 
 def _flood(attacker: hivemind.DHT, signer: Signer, runs: range) -> float:
@@ -126,8 +129,16 @@ def test_one_identity_cannot_fill_a_nodes_record_storage(tmp_path: Path, bound: 
         # the victim still stores and serves everyone else's records
         honest = victim.signer
         beat = records.Heartbeat(honest.peer_id, 1, 0, None, 1.0, "0.1.0", records.now())
-        assert records.publish_heartbeat(victim, "run", beat, 60.0, honest)
-        assert [b.peer_id for b, _ in records.read_heartbeats(victim, "run")] == [honest.peer_id]
+        assert records.publish_heartbeat(victim, SWARM, beat, 60.0, honest)
+        # and the attacker's own heartbeat in the victim's swarm, though its slots are full: a
+        # refused entry would make the victim refuse the whole heartbeats record read from a node
+        # that holds it, every honest peer's entry with it
+        own = records.Heartbeat(signer.peer_id, 1, 0, None, 1.0, "0.1.0", records.now())
+        key, expiration = records.heartbeat_key(SWARM), records.now() + 60
+        sealed = signer.seal(key, signer.peer_id, expiration, own.encode())
+        attacker.store(key, sealed, expiration, subkey=signer.peer_id)
+        read = sorted(b.peer_id for b, _ in records.read_heartbeats(victim, SWARM))
+        assert read == sorted([honest.peer_id, signer.peer_id]), read
         # the attacker's records past its bound are not served
         last = victim.get(records.run_definition_key(f"flood-{FLOOD - 1}"), latest=True)
         assert last is None or not getattr(last, "value", None), last

@@ -11,6 +11,7 @@ from hivemind.dht.validation import DHTRecord
 from nacl.signing import SigningKey
 
 from p2p_trainer.net import envelope, records
+from p2p_trainer.net.dht import shared_keys
 from p2p_trainer.net.envelope import DropCounter, EnvelopeError, Signer
 from p2p_trainer.net.record_validator import (
     MAX_RECORDS_PER_SIGNER,
@@ -142,6 +143,19 @@ def test_one_signer_fills_at_most_its_quota_of_slots_and_replaces_its_own() -> N
     assert later.quota is not None and later.quota.held(MALLORY.peer_id) == 1
     unbounded = SignedRecordValidator(DropCounter("t", 3600.0), max_per_signer=None)
     assert all(unbounded.validate(r) for r in flood)
+
+
+def test_a_signer_past_its_quota_still_has_its_entry_in_this_nodes_swarm_records() -> None:
+    """A refused entry makes hivemind refuse the whole record read from another node: a signer
+    that filled its slots must not be able to blank the swarm's heartbeats or run definitions."""
+    swarm = shared_keys("run")
+    assert len(swarm) == 3
+    validator = SignedRecordValidator(DropCounter("t", 3600.0), shared_keys=swarm)
+    assert all(validator.validate(_definition(MALLORY, f"junk{i}")) for i in range(MAX_RECORDS_PER_SIGNER))
+    assert not validator.validate(_definition(MALLORY, "one-more"))
+    assert validator.validate(_definition(MALLORY, "run"))  # the swarm's run definitions
+    assert validator.validate(record(*sealed(MALLORY)))  # its heartbeats (RUN_KEY is "run"'s)
+    assert not validator.validate(_definition(MALLORY, "other-run"))
 
 
 def _mutations(rng: random.Random, valid: bytes, n: int) -> list[bytes]:

@@ -21,12 +21,14 @@ first outer step (φ − α(Δ + βm)) throws its model away. So m is taken only
 donor backs it: whole where a witness served the same hash (the same m); where the witness's state
 differs (gossip peers), the smaller of the two donors' m by norm, so a liar on either side can make
 it smaller and never larger than an honest peer's; and not at all (zero, as a new run's) where no
-second donor was available.
+second donor was available. A peer rejoining by download (`entry_paths.Rejoin`) backs it with its
+own momentum the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -63,6 +65,16 @@ def _norm(tensors: Sequence[torch.Tensor]) -> float:
     return sum(float(torch.sum(t.double() ** 2)) for t in tensors) ** 0.5
 
 
+def backed_momentum(theirs: list[torch.Tensor], backer: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The smaller of two outer momenta by norm: `theirs` (a donor's) as far as `backer` (another
+    donor's, or a rejoining peer's own) backs it; a non-finite one counts as larger than any, and
+    with neither finite there is none (zero)."""
+    a, b = (n if math.isfinite(n) else math.inf for n in (_norm(theirs), _norm(backer)))
+    if math.isinf(a) and math.isinf(b):
+        return [torch.zeros_like(t) for t in theirs]
+    return theirs if a <= b else backer
+
+
 def agrees(
     state: DonorState, witness: str, header: Header, download: Download, tolerance: float
 ) -> bool | None:
@@ -80,14 +92,16 @@ def agrees(
         logger.warning("state check: %s", other.reason.splitlines()[0])
         return None
     gap = distance(state, other)
-    if gap <= tolerance and _norm(other.momentum) < _norm(state.momentum):
+    backed = backed_momentum(state.momentum, other.momentum)
+    if gap <= tolerance and backed is not state.momentum:
         logger.info(
-            "state check: taking %s's outer momentum (norm %.4g) for the donor's (norm %.4g)",
+            "state check: outer momentum of norm %.4g taken for the donor's %.4g (witness %s: %.4g)",
+            _norm(backed),
+            _norm(state.momentum),
             witness[-8:],
             _norm(other.momentum),
-            _norm(state.momentum),
         )
-        state.momentum = other.momentum
+        state.momentum = backed
     logger.info(
         "state check: witness %s serves round %d (ours %d), relative distance %.3g (tolerance %.3g)",
         witness[-8:],

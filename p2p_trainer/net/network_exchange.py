@@ -92,6 +92,11 @@ class _NetworkPending:
             return Failed("the exchange was cancelled")
 
 
+FINAL_CARRY_SCORE = 1.5
+"""Penalty a peer must still carry from the rounds to be left out of the final agreement too: more
+than one offence within a half-life (a liar's every round), not one noisy update."""
+
+
 class NetworkExchange:
     """Implements `Exchange` for one peer process."""
 
@@ -123,11 +128,12 @@ class NetworkExchange:
         self._exchanges = 0
         """Exchanges this peer started: the clock its penalties decay with (§10)."""
         self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
-        self.final_penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
-        """The ledger of exchanges outside the rounds (the final agreement): there every live peer
-        must merge for the result to be whole, and a peer penalised once for a noisy round's update
-        would be left out of it for good. The final's own bounds still check every contribution,
-        and a peer caught in one meeting is left out of the next."""
+        self._final_penalties: Penalties | None = None
+        """The ledger of exchanges outside the rounds (the final agreement), started from the
+        rounds' repeat offenders (`FINAL_CARRY_SCORE`) when the first such exchange starts: there
+        every live peer must merge for the result to be whole, and a peer penalised once for a
+        noisy round's update would be left out of it for good. The final's own bounds still check
+        every contribution, and a peer caught in one meeting is left out of the next."""
         self._late_s = 0.0
         """Latest offset at which a contribution that missed its window arrived (0: none since
         the last result): reported with the next result, for the grace window (§4)."""
@@ -135,6 +141,12 @@ class NetworkExchange:
         """Payload bytes acknowledged after their exchange's result was returned: added to the
         next result's `bytes_sent`, so the rounds' counts add up to what was delivered."""
         self._late_lock = threading.Lock()
+
+    @property
+    def final_penalties(self) -> Penalties:
+        if self._final_penalties is None:
+            self._final_penalties = self.penalties.carried(FINAL_CARRY_SCORE)
+        return self._final_penalties
 
     def _live(self) -> set[str]:
         return set(self.live_peers()) | {self.me}

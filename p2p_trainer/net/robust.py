@@ -73,6 +73,18 @@ class Penalties:
             for peer in peers:
                 self._scores.pop(peer, None)
 
+    def carried(self, min_score: float) -> Penalties:
+        """A new ledger (same half-life and clock) holding the peers whose penalty here is at
+        least `min_score` now, with that penalty."""
+        now = self.clock()
+        out = Penalties(self.half_life, self.clock)
+        with self._lock:
+            for peer in self._scores:
+                score = self._score(peer, now)
+                if score >= min_score:
+                    out._scores[peer] = (score, now)
+        return out
+
     def excluded(self, peer: str) -> bool:
         now = self.clock()
         with self._lock:

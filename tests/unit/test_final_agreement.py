@@ -274,3 +274,20 @@ def test_a_peer_penalised_in_the_rounds_still_meets_the_others_in_the_final_agre
         for a, m in zip(peer.state.anchor, mean, strict=True):
             torch.testing.assert_close(a, m)
     assert exchanges[0].penalties.excluded("peer1"), "the rounds' penalty is kept for the rounds"
+
+
+def test_the_final_agreement_leaves_out_the_rounds_repeat_offenders_only(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """One penalty is what an honest peer's noisy update can earn; a liar earns one every round."""
+    net: dict[str, LoopTransport] = {}
+    net["me"] = LoopTransport("me", net, loop)
+    exchange = NetworkExchange(cast(Transport, net["me"]), lambda: ["me"], "run", 0)
+    exchange.penalties.offend("noisy", "update cosine -0.81 < -0.8")
+    for _ in range(3):
+        exchange.penalties.offend("liar", "update norm 1e3 x own")
+    final = exchange.final_penalties
+    assert final.excluded("liar") and not final.excluded("noisy")
+    assert exchange.final_penalties is final  # one ledger for every meeting of the final
+    final.offend("noisy", "its final model reversed")
+    assert final.excluded("noisy") and exchange.penalties.excluded("noisy")

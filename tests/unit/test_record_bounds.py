@@ -14,7 +14,7 @@ from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.lab.adversary.donor import poisoned_state
 from p2p_trainer.net import records
-from p2p_trainer.net.donor_check import confirmed_download, round_refusal
+from p2p_trainer.net.donor_check import backed_momentum, confirmed_download, round_refusal
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RunDefinition, RunDefinitionMismatch
 from p2p_trainer.net.state_sync import DonorState
@@ -169,6 +169,16 @@ def test_a_joiner_takes_no_outer_momentum_larger_than_a_second_donor_backs() -> 
     assert torch.equal(run(same, ["a", "b"]).momentum[0], honest_m)
     # nobody to back it: none
     assert torch.equal(run({"liar": with_m(poisoned_m, "p")}, ["liar"]).momentum[0], torch.zeros(4))
+
+
+def test_a_momentum_is_taken_only_up_to_the_norm_of_the_one_that_backs_it() -> None:
+    honest, big = [torch.full((3,), 0.1)], [torch.full((3,), 50.0)]
+    nan, inf = [torch.tensor([0.1, float("nan"), 0.1])], [torch.full((3,), float("inf"))]
+    assert backed_momentum(big, honest) is honest and backed_momentum(honest, big) is honest
+    assert backed_momentum(nan, honest) is honest and backed_momentum(honest, nan) is honest
+    assert backed_momentum(inf, honest) is honest
+    none = backed_momentum(nan, inf)
+    assert torch.equal(none[0], torch.zeros(3))
 
 
 def test_a_donor_state_that_fails_its_contents_check_is_refused_even_when_confirmed() -> None:

@@ -33,7 +33,7 @@ _PERIOD_S = 20.0
 _TTL_S = 60.0
 
 
-class _Node(DictDHT):
+class _DHTNode(DictDHT):
     """The part of a DHT node the view uses, over a dict: `_PEERS[0]` is this peer."""
 
     peer_id = _PEERS[0].peer_id
@@ -87,7 +87,7 @@ Beat = tuple[int, int, list[int], Any]
 
 
 def fuzz_swarm_view(beats: list[Beat], heard_idx: list[int], own_round: int, seed: int) -> None:
-    node = _Node()
+    node = _DHTNode()
     last: dict[int, bool] = {}  # owner: whether its record is an honest heartbeat it sealed
     for owner, sealer, flips, what in beats:
         if what == "absent":

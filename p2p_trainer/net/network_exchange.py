@@ -92,9 +92,9 @@ class _NetworkPending:
             return Failed("the exchange was cancelled")
 
 
-FINAL_CARRY_SCORE = 1.5
-"""Penalty a peer must still carry from the rounds to be left out of the final agreement too: more
-than one offence within a half-life (a liar's every round), not one noisy update."""
+FINAL_CARRY_OFFENCES = 3
+"""Offences in the rounds that leave a peer out of the final agreement too: a liar offends each
+time its penalty lets it back into a group; an honest peer's noisy update crosses a bound once."""
 
 
 class NetworkExchange:
@@ -130,7 +130,7 @@ class NetworkExchange:
         self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
         self._final_penalties: Penalties | None = None
         """The ledger of exchanges outside the rounds (the final agreement), started from the
-        rounds' repeat offenders (`FINAL_CARRY_SCORE`) when the first such exchange starts: there
+        rounds' repeat offenders (`FINAL_CARRY_OFFENCES`) when the first such exchange starts: there
         every live peer must merge for the result to be whole, and a peer penalised once for a
         noisy round's update would be left out of it for good. The final's own bounds still check
         every contribution, and a peer caught in one meeting is left out of the next."""
@@ -145,7 +145,7 @@ class NetworkExchange:
     @property
     def final_penalties(self) -> Penalties:
         if self._final_penalties is None:
-            self._final_penalties = self.penalties.carried(FINAL_CARRY_SCORE)
+            self._final_penalties = self.penalties.carried(FINAL_CARRY_OFFENCES)
         return self._final_penalties
 
     def _live(self) -> set[str]:

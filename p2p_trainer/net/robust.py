@@ -54,6 +54,8 @@ class Penalties:
     def __init__(self, half_life: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.half_life, self.clock = half_life, clock
         self._scores: dict[str, tuple[float, float]] = {}
+        self._offences: dict[str, int] = {}
+        """Offences by peer over this ledger's life (they do not decay; `forgive` clears them)."""
         self._lock = threading.Lock()
 
     def _score(self, peer: str, now: float) -> float:
@@ -65,6 +67,7 @@ class Penalties:
         with self._lock:
             score = self._score(peer, now) + 1.0
             self._scores[peer] = (score, now)
+            self._offences[peer] = self._offences.get(peer, 0) + 1
         logger.warning("peer %s penalised (score %.1f): %s", peer[-8:], score, why)
 
     def forgive(self, peers: Sequence[str]) -> None:
@@ -72,17 +75,20 @@ class Penalties:
         with self._lock:
             for peer in peers:
                 self._scores.pop(peer, None)
+                self._offences.pop(peer, None)
 
-    def carried(self, min_score: float) -> Penalties:
-        """A new ledger (same half-life and clock) holding the peers whose penalty here is at
-        least `min_score` now, with that penalty."""
+    def carried(self, min_offences: int) -> Penalties:
+        """A new ledger (same half-life and clock) in which the peers penalised here at least
+        `min_offences` times start with a fresh penalty. (A penalised peer is left out, so not
+        checked, until its penalty decays: a liar offends again each time it is let back in, but
+        its decaying score never shows more than about one offence.)"""
         now = self.clock()
         out = Penalties(self.half_life, self.clock)
         with self._lock:
-            for peer in self._scores:
-                score = self._score(peer, now)
-                if score >= min_score:
-                    out._scores[peer] = (score, now)
+            for peer, offences in self._offences.items():
+                if offences >= min_offences:
+                    out._scores[peer] = (1.0, now)
+                    out._offences[peer] = offences
         return out
 
     def excluded(self, peer: str) -> bool:

@@ -16,6 +16,7 @@ from p2p_trainer.config import ExchangeConfig, RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL
 from p2p_trainer.net.network_exchange import NetworkExchange
+from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import ExchangeRecord
 from p2p_trainer.run.final_agreement import (
@@ -279,15 +280,22 @@ def test_a_peer_penalised_in_the_rounds_still_meets_the_others_in_the_final_agre
 def test_the_final_agreement_leaves_out_the_rounds_repeat_offenders_only(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    """One penalty is what an honest peer's noisy update can earn; a liar earns one every round."""
+    """One penalty is what an honest peer's noisy update can earn; a liar offends each time its
+    penalty has decayed and it is back in a group, though its score never shows more than one."""
+    clock = [0.0]
     net: dict[str, LoopTransport] = {}
     net["me"] = LoopTransport("me", net, loop)
     exchange = NetworkExchange(cast(Transport, net["me"]), lambda: ["me"], "run", 0)
+    exchange.penalties = Penalties(6.0, lambda: clock[0])
     exchange.penalties.offend("noisy", "update cosine -0.81 < -0.8")
-    for _ in range(3):
+    for _ in range(3):  # let back in once its penalty fell below one half: offends again
+        while exchange.penalties.excluded("liar"):
+            clock[0] += 1.0
         exchange.penalties.offend("liar", "update norm 1e3 x own")
+    clock[0] += 20.0
+    assert not exchange.penalties.excluded("liar"), "its score decayed, as in the rounds"
     final = exchange.final_penalties
     assert final.excluded("liar") and not final.excluded("noisy")
     assert exchange.final_penalties is final  # one ledger for every meeting of the final
-    final.offend("noisy", "its final model reversed")
-    assert final.excluded("noisy") and exchange.penalties.excluded("noisy")
+    final.offend("fresh", "its final model reversed")
+    assert final.excluded("fresh") and not exchange.penalties.excluded("fresh")

@@ -6,7 +6,9 @@ training peer), waits for the honest peers to finish their rounds, stops and rea
 everything by PID (`LocalSwarm`), and returns an `Outcome` read from the honest peers' metrics.
 For an attack on a peer that comes back (`RESTARTS`), the first honest peer leaves cleanly a
 twentieth of the way through its rounds and starts again under the same identity; a clean run
-does the same with `restart`, the control such an attack is measured against.
+does the same with `restart`, the control such an attack is measured against. For an attack on
+a peer joining a running swarm (`LATE_JOINS`), the last honest peer starts once the others have
+recorded `LATE_ROUND`; `late` does the same in a clean run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ ATTACKER = -1
 """The attacker's key among `LocalSwarm.peers` (so that `stop` stops it with the peers)."""
 RESTARTS = {"replay-leave"}
 """Attacks whose victim must leave and come back during the run."""
+LATE_JOINS = {"donor-late"}
+"""Attacks on a peer that joins a running swarm: the last honest peer starts once the others have
+recorded `LATE_ROUND`."""
+LATE_ROUND = 5
 DONOR_ADVERTISE_S = 40.0
 """How long the poisoned donor advertises itself: the honest peers' entry (which takes 20 s on a
 loaded machine), not much of their training."""
@@ -182,12 +188,16 @@ def run_attack(
     honest: int = 3,
     timeout_s: float = 180.0,
     restart: bool | None = None,
+    late: bool | None = None,
 ) -> Outcome:
     """Run `honest` peers (and `attack`'s node) to the end of `cfg.rounds`; see the module's doc.
-    `restart`: whether the first peer leaves and comes back (None: where the attack needs it)."""
+    `restart`: whether the first peer leaves and comes back; `late`: whether the last one starts
+    once the others have recorded `LATE_ROUND` (None: where the attack needs it)."""
     kind = None if attack is None else attack.kind
     if restart is None:
         restart = attack is not None and attack.name in RESTARTS
+    if late is None:
+        late = attack is not None and attack.name in LATE_JOINS
     opts = local_options(run_dir, cfg, peers=honest + (kind == "peer"))
     victims = [load_or_create_identity(run_dir / "keys" / f"peer{i}.key").peer_id for i in range(honest)]
     watch = HoldWatch()
@@ -198,12 +208,17 @@ def run_attack(
         attacker: Child | None = None
         if attack is not None and kind in ("records", "donor", "streams"):
             attacker = swarm.start_first(attack, victims)
-        peers = [swarm.start_peer(i) for i in range(honest)]
+        peers = [swarm.start_peer(i) for i in range(honest - 1 if late else honest)]
         watch.start([p.pid for p in peers])
         if attack is not None and kind == "peer":
             argv = hostile_peer_argv(peer_args(opts, honest), swarm.initial_peers, attack)
             attacker = swarm.start_argv(honest, f"peer{honest}", argv)
         try:
+            if late:
+                for i in range(honest - 1):
+                    _wait_recorded(swarm, i, LATE_ROUND, timeout_s)
+                peers.append(swarm.start_peer(honest - 1))
+                watch.pids.append(peers[-1].pid)
             if restart:
                 peers[0] = _restart(swarm, 0, max(1, cfg.rounds // 20), timeout_s)
                 watch.pids[0] = peers[0].pid
@@ -222,17 +237,24 @@ def _restart(swarm: LocalSwarm, i: int, after_round: int, timeout_s: float) -> C
     there or did not leave cleanly: the arm would not test what it names."""
     path = swarm.opts.run_dir / f"peer{i}" / "metrics.jsonl"
     child = swarm.peers[i]
-    deadline = time.monotonic() + timeout_s
-    while not (path.exists() and any(r.round >= after_round for r in read_log(path).rounds)):
-        if not child.alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"peer{i} did not reach round {after_round}: see {path.parent / 'log.txt'}")
-        time.sleep(0.2)
+    _wait_recorded(swarm, i, after_round, timeout_s)
     # its DHT node and p2pd gone too before another process takes the same identity
     code = child.stop(timeout_s=60, sig=signal.SIGINT)
     if code != 128 + signal.SIGINT:  # how `join` exits once it has left after a signal (cli.py)
         raise RuntimeError(f"peer{i} did not leave cleanly (exit {code}): see {path.parent / 'log.txt'}")
     logger.info("peer%d left at round %d or later; starting it again", i, after_round)
     return swarm.start_peer(i)
+
+
+def _wait_recorded(swarm: LocalSwarm, i: int, round: int, timeout_s: float) -> None:
+    """Wait until peer `i` has recorded `round`; raises if it exits or `timeout_s` passes first."""
+    path = swarm.opts.run_dir / f"peer{i}" / "metrics.jsonl"
+    child = swarm.peers[i]
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and any(r.round >= round for r in read_log(path).rounds)):
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"peer{i} did not reach round {round}: see {path.parent / 'log.txt'}")
+        time.sleep(0.2)
 
 
 def _outcome(

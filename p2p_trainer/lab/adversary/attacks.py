@@ -27,6 +27,12 @@ ATTACKS: dict[str, tuple[Kind, float, str]] = {
     "tombstone": ("records", 0.0, "tombstones (leaving) under the honest peers' ids"),
     "flood": ("records", 100.0, "ARG heartbeats of peers that do not exist, at the swarm's round"),
     "donor": ("donor", 1e9, "serves poisoned state to joiners, advertised at round ARG"),
+    "donor-late": (
+        "donor",
+        100.0,
+        "serves the seed's weights at round ARG, advertised only once the swarm trains: what a peer"
+        " joining it later sees first",
+    ),
     "donor-momentum": (
         "donor",
         1.0,

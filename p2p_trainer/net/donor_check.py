@@ -21,8 +21,8 @@ first outer step (φ − α(Δ + βm)) throws its model away. So m is taken only
 donor backs it: whole where a witness served the same hash (the same m); where the witness's state
 differs (gossip peers), the smaller of the two donors' m by norm, so a liar on either side can make
 it smaller and never larger than an honest peer's; and not at all (zero, as a new run's) where no
-second donor was available. A peer rejoining by download (`entry_paths.Rejoin`) backs it with its
-own momentum the same way.
+second donor was available. A peer rejoining by download (`entry_paths.Rejoin`) takes it whole up
+to a few times the norm of its own (`bounded_momentum`).
 """
 
 from __future__ import annotations
@@ -73,6 +73,26 @@ def backed_momentum(theirs: list[torch.Tensor], backer: list[torch.Tensor]) -> l
     if math.isinf(a) and math.isinf(b):
         return [torch.zeros_like(t) for t in theirs]
     return theirs if a <= b else backer
+
+
+REJOIN_MOMENTUM_RATIO = 4.0
+"""How many times the norm of its own outer momentum a rejoining peer takes from a donor whole."""
+
+
+def bounded_momentum(
+    theirs: list[torch.Tensor], own: list[torch.Tensor], ratio: float = REJOIN_MOMENTUM_RATIO
+) -> list[torch.Tensor]:
+    """`theirs` (a donor's) whole if its norm is at most `ratio` times `own`'s, else scaled down to
+    that norm, its direction kept; zero if it is not finite. A rejoining DiLoCo peer must take the
+    swarm's momentum as it is (the peers apply one outer step with one m), so it is not replaced by
+    the smaller one as a joiner's is; a liar's thousandfold m is cut to a few honest ones."""
+    a, b = _norm(theirs), _norm(own)
+    if not math.isfinite(a):
+        return [torch.zeros_like(t) for t in theirs]
+    limit = ratio * b if math.isfinite(b) else 0.0
+    if a <= limit:
+        return theirs
+    return [t * (limit / a) for t in theirs]
 
 
 def agrees(

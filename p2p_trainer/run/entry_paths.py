@@ -14,7 +14,7 @@ from pathlib import Path
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net import records
-from p2p_trainer.net.donor_check import backed_momentum, confirmed_download, round_refusal
+from p2p_trainer.net.donor_check import bounded_momentum, confirmed_download, round_refusal
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.state_sync import (
@@ -329,8 +329,8 @@ class Rejoin:
                 logger.warning("rejoin: donor %s refused: %s", donor[-8:], refusal)
                 continue
             got.round_elapsed_s += time.monotonic() - arrived  # the donor trained on meanwhile
-            if sec.defences:  # nothing checked the donor's momentum: this peer's own backs it
-                got.momentum = backed_momentum(got.momentum, [m.cpu() for m in peer.state.momentum])
+            if sec.defences:  # nothing checked the donor's momentum: this peer's own bounds it
+                got.momentum = bounded_momentum(got.momentum, [m.cpu() for m in peer.state.momentum])
             skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
             adopt_state(peer, got, skip)
             if against and self.penalties is not None:

@@ -14,7 +14,7 @@ from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.lab.adversary.donor import poisoned_state
 from p2p_trainer.net import records
-from p2p_trainer.net.donor_check import backed_momentum, confirmed_download, round_refusal
+from p2p_trainer.net.donor_check import backed_momentum, bounded_momentum, confirmed_download, round_refusal
 from p2p_trainer.net.envelope import Signer
 from p2p_trainer.net.records import Heartbeat, RunDefinition, RunDefinitionMismatch
 from p2p_trainer.net.state_sync import DonorState
@@ -179,6 +179,15 @@ def test_a_momentum_is_taken_only_up_to_the_norm_of_the_one_that_backs_it() -> N
     assert backed_momentum(inf, honest) is honest
     none = backed_momentum(nan, inf)
     assert torch.equal(none[0], torch.zeros(3))
+
+
+def test_a_rejoining_peer_takes_a_donors_momentum_whole_up_to_a_few_times_its_own() -> None:
+    own, swarm = [torch.full((3,), 0.1)], [torch.full((3,), 0.12)]
+    assert bounded_momentum(swarm, own) is swarm  # the swarm's m as it is, though larger than its own
+    cut = bounded_momentum([torch.full((3,), 100.0)], own, ratio=4.0)
+    torch.testing.assert_close(cut[0], torch.full((3,), 0.4))  # a liar's: 4 x its own norm, same way
+    nan = bounded_momentum([torch.tensor([1.0, float("nan"), 1.0])], own)
+    assert torch.equal(nan[0], torch.zeros(3))
 
 
 def test_a_donor_state_that_fails_its_contents_check_is_refused_even_when_confirmed() -> None:

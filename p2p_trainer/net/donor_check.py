@@ -67,7 +67,7 @@ def _norm(tensors: Sequence[torch.Tensor]) -> float:
 
 def backed_momentum(theirs: list[torch.Tensor], backer: list[torch.Tensor]) -> list[torch.Tensor]:
     """The smaller of two outer momenta by norm: `theirs` (a donor's) as far as `backer` (another
-    donor's, or a rejoining peer's own) backs it; a non-finite one counts as larger than any, and
+    donor's) backs it; a non-finite one counts as larger than any, and
     with neither finite there is none (zero)."""
     a, b = (n if math.isfinite(n) else math.inf for n in (_norm(theirs), _norm(backer)))
     if math.isinf(a) and math.isinf(b):
@@ -112,8 +112,8 @@ def agrees(
         logger.warning("state check: %s", other.reason.splitlines()[0])
         return None
     gap = distance(state, other)
-    backed = backed_momentum(state.momentum, other.momentum)
-    if gap <= tolerance and backed is not state.momentum:
+    backed = backed_momentum(state.momentum, other.momentum) if gap <= tolerance else state.momentum
+    if backed is not state.momentum:
         logger.info(
             "state check: outer momentum of norm %.4g taken for the donor's %.4g (witness %s: %.4g)",
             _norm(backed),

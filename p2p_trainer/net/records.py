@@ -169,9 +169,15 @@ class Heartbeat:
     """The worst outcome of its last round's exchanges (`EXCHANGE_OUTCOMES`); "": none yet."""
     data_address: str = ""
     """Where its direct data plane listens (`direct.py`: an IP and a port); "": use p2pd."""
+    enters_round: int = 0
+    """The first round whose groups may count this peer (`entry.py`): a peer that adopted the
+    swarm's state names a round far enough ahead for every view to have read this record by then;
+    0 for a peer that started with the swarm."""
 
     def encode(self) -> bytes:
         fields = asdict(self)
+        if not self.enters_round:
+            del fields["enters_round"]
         if not self.invitation:  # most swarms are open: their heartbeats carry no invitation field
             del fields["invitation"]
         if not self.data_address:
@@ -212,6 +218,7 @@ class Heartbeat:
             reachability=_word(fields, "reachability", ("", *REACHABILITY)),
             last_exchange=_word(fields, "last_exchange", ("", *EXCHANGE_OUTCOMES)),
             data_address=_data_address(fields.get("data_address", "")),
+            enters_round=_count(fields, "enters_round", MAX_STEPS),
         )
         if beat.round_steps and beat.round_step > beat.round_steps:
             raise RecordError(

@@ -45,6 +45,7 @@ from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
+from p2p_trainer.net.entry import GroupEntry, RoundPace
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.probation import Prober
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
@@ -78,6 +79,8 @@ class PeerStatus:
     """The worst outcome among the last round's exchanges (`round_log.EXCHANGE_OUTCOMES`)."""
     data_address: str = ""
     """Where this peer's direct data plane listens ("": it has none)."""
+    enters_round: int = 0
+    """The first round whose groups may count this peer (`entry.py`; 0: it started with the swarm)."""
 
 
 REVOCATION_EVERY = 5
@@ -168,6 +171,12 @@ class SwarmView:
         """Why this swarm now refuses this very peer (an owner revoked it), or None."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._pace = RoundPace()
+        """The other peers' round starts as read, for the swarm's round time (`entry.py`)."""
+        self._entry: GroupEntry | None = None
+        """This peer's last way into the groups after adopting the swarm's state (`entry.py`)."""
+        self._wake = threading.Event()
+        """Set to publish the heartbeat now rather than at the end of the period."""
         self._refresh()
         self._thread = threading.Thread(target=self._loop, name="swarm-view", daemon=True)
         self._thread.start()
@@ -201,6 +210,7 @@ class SwarmView:
             reachability=st.reachability,
             last_exchange=st.last_exchange,
             data_address=st.data_address,
+            enters_round=st.enters_round,
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str], set[str]]:
@@ -230,6 +240,7 @@ class SwarmView:
             return
         with self._lock:
             self._peers, self._left, self._refused = peers, left, refused
+        self._pace.saw(peers)
         # after the heartbeat (a slow DHT call here must not let it expire in others' views) and
         # after the read (the admitted peers just read are the publishers to trust first)
         if self.admission.mode == "invitations" and turn % REVOCATION_EVERY == 0:
@@ -272,7 +283,11 @@ class SwarmView:
             self._reconnect_said, self._reconnect_said_at = said, time.monotonic()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.period_s):
+        while True:
+            self._wake.wait(self.period_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._refresh()
             except Exception:  # a view that stops refreshing would keep stale peers for the whole run
@@ -387,6 +402,40 @@ class SwarmView:
             )
         return out
 
+    def enter_groups(self, entry: GroupEntry) -> None:
+        """Count this peer in the groups of `entry.enters` and later rounds only (`entry.py`), and
+        say so in a heartbeat published now: the others' views must read it before that round's
+        exchanges."""
+        self.status.enters_round, self._entry = entry.enters, entry
+        self._wake.set()
+
+    def round_s(self) -> float:
+        """The swarm's round time as its peers' heartbeats show it (0: not seen yet)."""
+        return self._pace.round_s(self.node.peer_id)
+
+    @property
+    def entry(self) -> GroupEntry | None:
+        """This peer's last way into the groups (`entry.py`); None if it started with the swarm."""
+        return self._entry
+
+    def wait_for_round(self, round: int, timeout_s: float) -> bool:
+        """Block until another peer's heartbeat shows `round` or later, or `timeout_s` passes;
+        whether it did."""
+        deadline = time.monotonic() + timeout_s
+        me = self.node.peer_id
+        while not any(b.round >= round for b in self.heartbeats() if b.peer_id != me):
+            if time.monotonic() >= deadline or self._stop.wait(0.2):
+                return False
+        return True
+
+    def not_entered(self, round: int) -> set[str]:
+        """Peers, this one included, whose heartbeat names a later round than `round` as the first
+        whose groups may count them (`entry.py`). This peer's own is its status, never the copy of
+        its heartbeat read back from the DHT, which may be older."""
+        me = self.node.peer_id
+        out = {b.peer_id for b in self.heartbeats() if b.enters_round > round and b.peer_id != me}
+        return out | {me} if self.status.enters_round > round else out
+
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers other peers' heartbeats report dead (`reported_dead`), less those whose messages
         reached this peer within a period: its own evidence outweighs another peer's report."""
@@ -452,6 +501,7 @@ class SwarmView:
         if self._prober is not None:
             self._prober.close()
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=self.period_s + 5)
         try:
             beat = self._beat(leaving=True)

@@ -15,6 +15,7 @@ from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net import records
 from p2p_trainer.net.donor_check import bounded_momentum, confirmed_download, round_refusal
+from p2p_trainer.net.entry import ENTRY_PERIODS, GroupEntry
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.state_sync import (
@@ -58,6 +59,7 @@ def late_join(
     donor_deadline = time.monotonic() + donor_wait_s
     attempt = 0
     contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
+    entry: GroupEntry | None = None
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
@@ -77,11 +79,61 @@ def late_join(
             state, donor = got
             skip = catch_up_steps(state, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
             adopt_state(peer, state, skip)
+            if entry is not None:
+                logger.info(
+                    "entering the groups with the swarm's state of round %d from %s", state.round, donor[-8:]
+                )
+                return True
             logger.info("late join: adopted round %d from %s, %d steps in", state.round, donor[-8:], skip)
+            entry = enter_groups(peer, view, state)
+            if not entry.refreshes:
+                return True
+            continue  # the swarm has reached the entry round: its state again
+        if entry is not None:
+            logger.warning("no donor served the swarm's state again; entering with round %d's", entry.adopted)
             return True
         if donors and time.monotonic() > deadline:
             raise RuntimeError(f"no live peer could serve the swarm's state within {patience_s:.0f} s")
         time.sleep(2.0)
+
+
+def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
+    """Plan this peer's way into the groups (`entry.py`) once it adopted `state` and left
+    `peer.skip_steps` of its round out; the others learn it from the heartbeat. A round lasts at
+    least its inner steps, and as long as the other peers' heartbeats show (`RoundPace`). Where the
+    entry is several rounds away, waits (without training) for the swarm to reach it: the caller
+    then downloads the swarm's state again."""
+    h = peer.cfg.outer.num_inner_steps
+    step_s = peer.timing.t_step_s or state.donor_step_s
+    round_s = max(h * step_s, view.round_s())
+    entry_s = ENTRY_PERIODS * view.period_s
+    entry = GroupEntry.plan(state.round, (h - peer.skip_steps) * step_s, round_s, entry_s)
+    # the heartbeat published now says the adopted round too: one still saying round 0 would keep
+    # this peer among the joining (`SwarmView._joining`) in views that read it before its first round
+    view.enter_round(state.round)
+    view.enter_groups(entry)
+    if entry.enters == state.round:
+        return entry
+    if not entry.refreshes:
+        logger.info(
+            "entering the swarm's groups at round %d: until then the others' views are still "
+            "learning of this peer, and it trains alone",
+            entry.enters,
+        )
+        return entry
+    t0 = time.monotonic()
+    # heartbeats lag their peers, so this waits a little longer than needed; but a state older than
+    # the entry round would leave this peer to train alone up to it, and drift (§10 bounds)
+    reached = view.wait_for_round(entry.enters, entry.wait_limit_s(entry_s))
+    logger.info(
+        "entering the swarm's groups at round %d (rounds of about %.2f s): waited %.1f s for the "
+        "others' views to learn of this peer%s",
+        entry.enters,
+        entry.round_s,
+        time.monotonic() - t0,
+        "" if reached else " (the swarm had not reached that round)",
+    )
+    return entry
 
 
 def _rounds(beats: list[Heartbeat]) -> list[tuple[str, int]]:
@@ -258,6 +310,8 @@ class Rejoin:
 
     def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
         """Call after every round; returns a metrics record if the peer rejoined."""
+        if m.round < self.view.status.enters_round:
+            return None  # waiting to enter the groups (`entry.py`): alone by design, and in step
         self.alone = alone_rounds(self.alone, m)
         if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
             return None  # a peer that meets its groups never acts on (stale) heartbeat rounds
@@ -269,7 +323,9 @@ class Rejoin:
             from_round=left, to_round=self.peer.state.round, catch_up_steps=self.peer.skip_steps
         )
 
-    def _rejoin(self) -> int | None:
+    def _rejoin(self, refresh: bool = False) -> int | None:
+        """Adopt the state of the majority's round; with `refresh`, that of the swarm's round
+        whichever way it lies, as this peer enters the groups after waiting (`enter_groups`)."""
         peer, now = self.peer, records.now()
         others = {
             h.peer_id: estimated_round(h, now, self.tokens_per_round)
@@ -277,6 +333,9 @@ class Rejoin:
             if h.peer_id != self.transport.peer_id
         }
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        if refresh and others:
+            rounds = sorted(others.values())
+            target = rounds[len(rounds) // 2]
         against: list[str] = []
         if target is None and self.penalties is not None:
             against = outvoted(others, {p for p in others if self.penalties.excluded(p)})
@@ -315,7 +374,7 @@ class Rejoin:
             if refusal is not None:
                 logger.warning("rejoin: donor %s refused: %s", donor[-8:], refusal)
                 continue
-            if not against and (got.round - left) * (target - left) <= 0:
+            if not (against or refresh) and (got.round - left) * (target - left) <= 0:
                 # heartbeats over-estimated the donor: its state is not in the direction we meant to go
                 logger.info(
                     "rejoin: donor %s is at round %d, not towards %d; kept own state",
@@ -333,6 +392,18 @@ class Rejoin:
                 got.momentum = bounded_momentum(got.momentum, [m.cpu() for m in peer.state.momentum])
             skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
             adopt_state(peer, got, skip)
+            if refresh:  # the others count this peer from the round its heartbeat named
+                logger.info(
+                    "entering the groups with the swarm's current state: round %d -> %d from %s, %d steps in",
+                    left,
+                    got.round,
+                    donor[-8:],
+                    skip,
+                )
+                return left
+            entry = enter_groups(peer, self.view, got)
+            if entry.refreshes:
+                self._rejoin(refresh=True)
             if against and self.penalties is not None:
                 self.penalties.forgive(against)  # their values were out of bounds of the drifted state
             logger.info(

@@ -120,10 +120,10 @@ def payload_limit(n_floats: int) -> int:
 def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Callable[[], list[str]]:
     """Live peers that do work (§6), for sizing this peer's share of a constant-work round.
 
-    Left out: peers a failed send (here or at a peer whose heartbeat says so) marked suspect, and peers
+    Left out: peers a failed send (here or at a peer whose heartbeat says so) marked suspect, peers
     still joining: reporting round 0 (`at_round_zero`) while this one has trained for longer than a
     few heartbeat periods (before that, round 0 is just the heartbeats' lag at the start of a
-    swarm). The clock starts at the first call, i.e. when training starts: the wait for the other
+    swarm), and newcomers whose entry round is still ahead (`entry.py`): no group takes their work. The clock starts at the first call, i.e. when training starts: the wait for the other
     peers and a late join's download come before it and say nothing about the heartbeats' lag.
     """
     started: list[float] = []
@@ -136,6 +136,7 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
         left_out = health.suspects() | view.reported_dead(beats)
         if settled:
             left_out |= at_round_zero(beats, records.now(), period_s)
+        left_out |= view.not_entered(view.status.round) - {view.node.peer_id}
         return [h.peer_id for h in beats if h.peer_id not in left_out]
 
     return live
@@ -278,6 +279,7 @@ def start(
         tap=tap,
         security=cfg.security,
         out_of_step=view.out_of_step,
+        not_entered=view.not_entered,
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
     if opts.monitor is not None:

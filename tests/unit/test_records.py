@@ -309,11 +309,24 @@ def test_constant_work_counts_a_peer_out_only_by_a_fresh_round_zero_heartbeat() 
             heartbeat(PEER_A, round=0, timestamp=now),  # joining
             heartbeat(PEER_B, round=0, timestamp=now - 10 * period_s),  # an old read
             heartbeat(PEER_C, round=7, timestamp=now),
+            heartbeat(PEER_D, round=8, timestamp=now, enters_round=12),  # a newcomer, not yet in groups
         ]
 
+    def not_entered(round: int) -> set[str]:
+        return {PEER_D, PEER_E} if round < 12 else set()  # PEER_E: this peer itself, not yet in either
+
     assert at_round_zero(beats(), records.now(), period_s) == {PEER_A}
-    view = SimpleNamespace(status=SimpleNamespace(round=8), heartbeats=beats, reported_dead=lambda _b: set())
+    status = SimpleNamespace(round=8)
+    view = SimpleNamespace(
+        status=status,
+        heartbeats=beats,
+        reported_dead=lambda _b: set(),
+        not_entered=not_entered,
+        node=SimpleNamespace(peer_id=PEER_E),
+    )
     live = _training_peers(view, PeerHealth(), period_s)  # type: ignore[arg-type]
     assert live() == [PEER_A, PEER_B, PEER_C]  # just started training: round 0 is the heartbeats' lag
     time.sleep(4 * period_s)
     assert live() == [PEER_B, PEER_C]
+    status.round = 12  # the newcomer's entry round: its work counts from now on
+    assert live() == [PEER_B, PEER_C, PEER_D]

@@ -1,0 +1,133 @@
+"""When a peer that adopted the swarm's state (a late join, a rejoin) enters the swarm's groups.
+
+Groups are drawn from the whole live list (docs/algorithms.md §2.1), so two peers whose views differ
+by one member draw different groups for the round and none of their exchanges meet. A newcomer's
+heartbeat reaches the other views one by one, each at its next refresh: for up to a couple of
+heartbeat periods some views count it and some do not. Where rounds are shorter than that (fast
+steps, small H) every exchange of those rounds fails for the whole swarm, each waits out its grace
+window, the peers fall out of step, and the newcomer is blamed for the lag.
+
+So the newcomer names, in its heartbeat, the first round whose groups may count it: the first
+round whose exchange starts at least `ENTRY_PERIODS` heartbeat periods from now. Every peer,
+the newcomer included, leaves it out of the groups of earlier rounds, and a view that has not yet
+read the heartbeat leaves it out anyway, so all views agree on every round. Where rounds are
+long, that is the round it adopted: nothing changes. Until then the newcomer trains on alone; its
+exchanges of those rounds fail with the reason, so DiLoCo's anchor, which it then updates alone,
+asks for a re-agreement at its first exchange with the others (§1).
+
+Where three or more rounds pass before the entry, training alone through them is of no use: by
+the entry the newcomer's state would be that many rounds behind the swarm's, and the others'
+contributions would fail its bounds (§10). It waits instead, without training, until a heartbeat
+shows the swarm at its entry round, then downloads the swarm's state again and enters with it.
+
+The round time is measured from the others' heartbeats as they are read (`RoundPace`): the
+rounds each peer began against when it began them (a heartbeat's throughput says only how long
+its peer's last round took, one noisy round).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from p2p_trainer.net.records import Heartbeat
+
+ENTRY_PERIODS = 2.5
+"""Heartbeat periods between adopting a state and the first exchange that counts the peer: its
+heartbeat is published at once (one DHT store), every other view reads it at its next refresh
+(up to a period later), and half a period is left for slow stores and reads."""
+REFRESH_AFTER_ROUNDS = 3
+"""Rounds before the entry from which a newcomer waits and downloads the swarm's state again as it
+enters (see the module). One or two rounds alone cost what a failed exchange costs anyway."""
+MAX_WAIT_S = 60.0
+"""Longest a newcomer waits for the swarm to reach its entry round before it downloads anyway."""
+PACE_WINDOW_S = 30.0
+"""How far back round starts count for the swarm's round time: recent enough to follow a change of
+pace, long enough to span several heartbeat periods."""
+MAX_ENTRY_ROUNDS = 256
+"""Most rounds a newcomer names between the round it adopted and its entry. Round times come from
+other peers' claims; claims of absurdly short rounds must not keep it out for the rest of the run."""
+
+
+def entry_round(adopted: int, remaining_s: float, round_s: float, entry_s: float) -> int:
+    """The first round whose groups may count a peer that adopted round `adopted`, whose exchange
+    starts in `remaining_s`, with rounds of about `round_s` after it: the first round whose exchange
+    starts `entry_s` or more from now (at most `MAX_ENTRY_ROUNDS` later than `adopted`)."""
+    if not remaining_s < entry_s:  # NaN too: no basis for a wait
+        return adopted
+    if not round_s > 0 or not math.isfinite(round_s):
+        return adopted + 1
+    rounds = math.ceil((entry_s - remaining_s) / round_s - 1e-9)
+    return adopted + min(MAX_ENTRY_ROUNDS, max(1, rounds))
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """A newcomer's way into the groups: it adopted round `adopted`, rounds last about `round_s`,
+    and the groups count it from round `enters` on."""
+
+    adopted: int
+    enters: int
+    round_s: float
+
+    @staticmethod
+    def plan(adopted: int, remaining_s: float, round_s: float, entry_s: float) -> GroupEntry:
+        """The entry of a peer that adopted round `adopted` just now (see `entry_round`)."""
+        if not round_s > 0 or not math.isfinite(round_s):
+            round_s = 0.0
+        return GroupEntry(adopted, entry_round(adopted, remaining_s, round_s, entry_s), round_s)
+
+    def waiting(self, round: int) -> bool:
+        return self.adopted <= round < self.enters
+
+    @property
+    def refreshes(self) -> bool:
+        """Whether the newcomer waits for the swarm and downloads its state again (see the module)."""
+        return self.enters - self.adopted >= REFRESH_AFTER_ROUNDS
+
+    def wait_limit_s(self, entry_s: float) -> float:
+        """The longest wait for the swarm to reach the entry round: three times the planned time,
+        and never more than `MAX_WAIT_S` (a swarm that stalls meanwhile is met as it is)."""
+        planned = entry_s + (self.enters - self.adopted) * self.round_s
+        return min(MAX_WAIT_S, 3 * planned)
+
+
+class RoundPace:
+    """Each other peer's recent (round, round start) pairs, from the heartbeats a view reads."""
+
+    def __init__(self, window_s: float = PACE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._starts: dict[str, deque[tuple[int, float]]] = {}
+        self._lock = threading.Lock()  # noted by the view's thread, read by the training thread
+
+    def saw(self, beats: Iterable[Heartbeat]) -> None:
+        """Note the rounds and round starts in `beats`; peers not among them are forgotten."""
+        with self._lock:
+            self._note(beats)
+
+    def _note(self, beats: Iterable[Heartbeat]) -> None:
+        seen = {}
+        for b in beats:
+            starts = self._starts.get(b.peer_id, deque())
+            if b.round_started > 0 and (not starts or (b.round, b.round_started) != starts[-1]):
+                if starts and (b.round <= starts[-1][0] or b.round_started <= starts[-1][1]):
+                    starts.clear()  # a rejoin or a restart: its earlier rounds say nothing of its pace
+                starts.append((b.round, b.round_started))
+            while starts and starts[-1][1] - starts[0][1] > self.window_s:
+                starts.popleft()
+            seen[b.peer_id] = starts
+        self._starts = seen
+
+    def round_s(self, self_id: str) -> float:
+        """The median over the other peers of (their latest start − their earliest) ÷ the rounds in
+        between; 0 where no peer has shown two rounds yet."""
+        with self._lock:
+            paces = sorted(
+                (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0])
+                for peer, s in self._starts.items()
+                if peer != self_id and len(s) >= 2
+            )
+        return paces[len(paces) // 2] if paces else 0.0

@@ -11,7 +11,8 @@ SIGKILL from outside, approximately):
   its contributions (phase 1), before it averages its own part, so the rest of its group waits
   for a part that never comes;
 - "download": a joining peer, once it has announced itself and starts downloading the swarm's
-  state (the node's round is the number of the download attempt, from 1): the swarm has it in
+  state (the node's round is the number of the download attempt, from 1; a joiner that waits to
+  enter the groups downloads again, `entry.py`, and that attempt counts too): the swarm has it in
   view (heartbeat) but it never trains;
 - "serve": a donor, halfway through sending its state to a joiner (the node's round is the number
   of the state it serves, from 1): the joiner must fetch it again from another donor.

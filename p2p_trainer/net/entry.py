@@ -1,4 +1,4 @@
-"""When a peer that adopted the swarm's state (a late join, a rejoin) enters the swarm's groups.
+"""When a late joiner enters the swarm's groups.
 
 Groups are drawn from the whole live list (docs/algorithms.md §2.1), so two peers whose views differ
 by one member draw different groups for the round and none of their exchanges meet. A newcomer's
@@ -17,12 +17,17 @@ asks for a re-agreement at its first exchange with the others (§1).
 
 Where three or more rounds pass before the entry, training alone through them is of no use: by
 the entry the newcomer's state would be that many rounds behind the swarm's, and the others'
-contributions would fail its bounds (§10). It waits instead, without training, until a heartbeat
-shows the swarm at its entry round, then downloads the swarm's state again and enters with it.
+contributions would fail its bounds (§10). It waits instead, without training, until half of the
+others' heartbeats show the swarm at its entry round, then downloads the swarm's state again and
+enters with it.
+
+A peer that rejoins (`Rejoin`) names no entry round: every view already counts it, by its earlier
+heartbeat, and a later entry would take it out of some views before others.
 
 The round time is measured from the others' heartbeats as they are read (`RoundPace`): the
-rounds each peer began against when it began them (a heartbeat's throughput says only how long
-its peer's last round took, one noisy round).
+rounds each peer began against when it began them, the median over peers (a heartbeat's
+throughput says only how long its peer's last round took, one noisy round; the donor's step time
+is one peer's claim).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ disagreement would put every group of the round on different keys.
 Only peers ahead are left out. The peer that fell behind sees everyone ahead, so it trains alone,
 without waits, and `Rejoin` (`run/entry_paths.py`) brings it to the swarm's state within a few
 rounds. The others cannot do the same to it: a peer whose heartbeat shows it behind may already
-have jumped to the swarm's round (a late join, a rejoin), and leaving it out until its next
-heartbeat is read would fail its first exchanges and put it behind again. After such a jump this
+have jumped to the swarm's round (a rejoin), and leaving it out until its next heartbeat is read
+would fail its first exchanges and put it behind again. (A late joiner names the round from which
+groups count it, `entry.py`, and every view applies that instead.) After such a jump this
 peer's earlier rounds say nothing about its pace, so its history starts again; a heartbeat older
 than the history is never held against its peer.
 """

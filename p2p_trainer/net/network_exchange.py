@@ -112,12 +112,13 @@ class NetworkExchange:
         tap: ExchangeTap = NO_TAP,
         security: SecurityConfig = SecurityConfig(),
         out_of_step: Callable[[], set[str]] = set,
-        not_entered: Callable[[int], set[str]] = lambda _round: set(),
+        outside_groups: Callable[[int], set[str]] = lambda _round: set(),
     ) -> None:
         """`out_of_step()`: live peers too far ahead to be in this round's groups (`in_step.py`;
-        not asked for an exchange with `in_round` False); `not_entered(round)`: peers, this one
-        included, not yet to be counted in that round's groups (`entry.py`). `faults` is told ("mix1" | "blocking",
-        round) once this peer has delivered its contributions; `tap` sees each exchange's
+        not asked for an exchange with `in_round` False); `outside_groups(round)`: peers, this one
+        included, not yet counted in that round's groups (`entry.py`). `faults` is
+        told ("mix1" | "blocking", round) once this peer has delivered its contributions; `tap`
+        sees each exchange's
         contribution and result (a test tool, `exchange_tap.py`); `security` says whether and how
         contributions and results are bounded (§10)."""
         self.transport, self.live_peers = transport, live_peers
@@ -127,7 +128,7 @@ class NetworkExchange:
         self.faults, self.tap = faults, tap
         self.security = security
         self.out_of_step = out_of_step
-        self.not_entered = not_entered
+        self.outside_groups = outside_groups
         self._exchanges = 0
         """Exchanges this peer started: the clock its penalties decay with (§10)."""
         self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
@@ -160,7 +161,7 @@ class NetworkExchange:
     def _group(self, request: ExchangeRequest) -> GroupSpec:
         in_view = self._live()
         if request.in_round:
-            in_view -= (self.out_of_step() | self.not_entered(request.round)) - {self.me}
+            in_view -= (self.out_of_step() | self.outside_groups(request.round)) - {self.me}
         live = sorted(in_view)
         seed = group_seed(self.seed, request.tag, request.round, request.gossip_step)
         _, members = group_of(self.me, live, request.group_size, seed)
@@ -202,7 +203,7 @@ class NetworkExchange:
         taken = None
         if self.tap.enabled:
             taken = functools.partial(self.tap.record, request, group.key, group.members, weight, flat)
-        waiting = self._not_yet_entered(request)
+        waiting = self._why_outside(request)
         if waiting is not None:
             if contributed is not None:
                 contributed()
@@ -238,9 +239,9 @@ class NetworkExchange:
             annotate = self._unbounded  # this peer serves its part, but takes nothing unchecked
         return _NetworkPending(fut, like, taken, annotate)
 
-    def _not_yet_entered(self, request: ExchangeRequest) -> str | None:
+    def _why_outside(self, request: ExchangeRequest) -> str | None:
         """Why this peer stays out of this round's groups (`entry.py`), or None."""
-        if not request.in_round or self.me not in self.not_entered(request.round):
+        if not request.in_round or self.me not in self.outside_groups(request.round):
             return None
         return (
             f"waiting to enter the swarm's groups (round {request.round}: its peers learn of this one first)"

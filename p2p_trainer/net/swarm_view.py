@@ -240,7 +240,7 @@ class SwarmView:
             return
         with self._lock:
             self._peers, self._left, self._refused = peers, left, refused
-        self._pace.saw(peers)
+        self._pace.saw(self.heartbeats())  # the probed ones, where probation applies
         # after the heartbeat (a slow DHT call here must not let it expire in others' views) and
         # after the read (the admitted peers just read are the publishers to trust first)
         if self.admission.mode == "invitations" and turn % REVOCATION_EVERY == 0:
@@ -418,22 +418,34 @@ class SwarmView:
         """This peer's last way into the groups (`entry.py`); None if it started with the swarm."""
         return self._entry
 
-    def wait_for_round(self, round: int, timeout_s: float) -> bool:
-        """Block until another peer's heartbeat shows `round` or later, or `timeout_s` passes;
-        whether it did."""
+    def wait_for_pace(self, timeout_s: float) -> None:
+        """Block until the swarm's round time is measured (`round_s`) or `timeout_s` passes."""
         deadline = time.monotonic() + timeout_s
+        while self.round_s() <= 0 and time.monotonic() < deadline and not self._stop.wait(0.2):
+            pass
+
+    def wait_for_round(self, round: int, min_s: float, timeout_s: float) -> bool:
+        """Block at least `min_s` and until half or more of the other peers' heartbeats show
+        `round` or later (one peer's claim does not end the wait), or `timeout_s` passes; whether
+        they did."""
+        t0 = time.monotonic()
         me = self.node.peer_id
-        while not any(b.round >= round for b in self.heartbeats() if b.peer_id != me):
-            if time.monotonic() >= deadline or self._stop.wait(0.2):
-                return False
+
+        def reached() -> bool:
+            rounds = [b.round for b in self.heartbeats() if b.peer_id != me]
+            return bool(rounds) and 2 * sum(r >= round for r in rounds) >= len(rounds)
+
+        while time.monotonic() - t0 < min_s or not reached():
+            if time.monotonic() - t0 >= timeout_s or self._stop.wait(0.2):
+                return reached()
         return True
 
-    def not_entered(self, round: int) -> set[str]:
+    def outside_groups(self, round: int) -> set[str]:
         """Peers, this one included, whose heartbeat names a later round than `round` as the first
         whose groups may count them (`entry.py`). This peer's own is its status, never the copy of
         its heartbeat read back from the DHT, which may be older."""
         me = self.node.peer_id
-        out = {b.peer_id for b in self.heartbeats() if b.enters_round > round and b.peer_id != me}
+        out = {b.peer_id for b in self.heartbeats() if b.peer_id != me and b.enters_round > round}
         return out | {me} if self.status.enters_round > round else out
 
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:

@@ -69,6 +69,11 @@ def late_join(
         median = median_round([h.round for h in beats])
         donors = _plausible_donors(peer, beats, median, donor_order(transport.peer_id, _rounds(beats), slack))
         donors = [d for d in donors if d not in contents.refused]  # it would serve the same again
+        if not donors and entry is not None:
+            logger.warning(
+                "no donor in sight to serve the swarm's state again; entering with round %d's", entry.adopted
+            )
+            return True
         if not donors and time.monotonic() >= donor_deadline:
             return False
         attempt += 1
@@ -98,20 +103,26 @@ def late_join(
 
 
 def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
-    """Plan this peer's way into the groups (`entry.py`) once it adopted `state` and left
-    `peer.skip_steps` of its round out; the others learn it from the heartbeat. A round lasts at
-    least its inner steps, and as long as the other peers' heartbeats show (`RoundPace`). Where the
-    entry is several rounds away, waits (without training) for the swarm to reach it: the caller
-    then downloads the swarm's state again."""
+    """Plan a late joiner's way into the groups (`entry.py`) once it adopted `state` and left
+    `peer.skip_steps` of its round out; the others learn it from the heartbeat. Rounds are timed
+    by the others' heartbeats (`RoundPace`, waited for up to the entry time if not yet measured):
+    the donor's step time, its claim alone, only says when the adopted round's exchange starts.
+    Where the entry is several rounds away, waits (without training) for the swarm to reach it:
+    the caller then downloads the swarm's state again."""
     h = peer.cfg.outer.num_inner_steps
     step_s = peer.timing.t_step_s or state.donor_step_s
-    round_s = max(h * step_s, view.round_s())
+    remaining_s = (h - peer.skip_steps) * step_s
     entry_s = ENTRY_PERIODS * view.period_s
-    entry = GroupEntry.plan(state.round, (h - peer.skip_steps) * step_s, round_s, entry_s)
-    # the heartbeat published now says the adopted round too: one still saying round 0 would keep
-    # this peer among the joining (`SwarmView._joining`) in views that read it before its first round
-    view.enter_round(state.round)
+    t0 = time.monotonic()
+    if remaining_s < entry_s:
+        view.wait_for_pace(entry_s)
+        remaining_s = max(0.0, remaining_s - (time.monotonic() - t0))
+    entry = GroupEntry.plan(state.round, remaining_s, view.round_s(), entry_s)
+    # the entry first: a heartbeat with the adopted round and no entry yet would be counted
     view.enter_groups(entry)
+    # the adopted round too: a heartbeat still saying round 0 would keep this peer among the
+    # joining (`SwarmView._joining`) in views that read it before its first round
+    view.enter_round(state.round)
     if entry.enters == state.round:
         return entry
     if not entry.refreshes:
@@ -121,10 +132,9 @@ def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
             entry.enters,
         )
         return entry
-    t0 = time.monotonic()
     # heartbeats lag their peers, so this waits a little longer than needed; but a state older than
     # the entry round would leave this peer to train alone up to it, and drift (§10 bounds)
-    reached = view.wait_for_round(entry.enters, entry.wait_limit_s(entry_s))
+    reached = view.wait_for_round(entry.enters, entry_s, entry.wait_limit_s(entry_s))
     logger.info(
         "entering the swarm's groups at round %d (rounds of about %.2f s): waited %.1f s for the "
         "others' views to learn of this peer%s",
@@ -323,9 +333,7 @@ class Rejoin:
             from_round=left, to_round=self.peer.state.round, catch_up_steps=self.peer.skip_steps
         )
 
-    def _rejoin(self, refresh: bool = False) -> int | None:
-        """Adopt the state of the majority's round; with `refresh`, that of the swarm's round
-        whichever way it lies, as this peer enters the groups after waiting (`enter_groups`)."""
+    def _rejoin(self) -> int | None:
         peer, now = self.peer, records.now()
         others = {
             h.peer_id: estimated_round(h, now, self.tokens_per_round)
@@ -333,9 +341,6 @@ class Rejoin:
             if h.peer_id != self.transport.peer_id
         }
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
-        if refresh and others:
-            rounds = sorted(others.values())
-            target = rounds[len(rounds) // 2]
         against: list[str] = []
         if target is None and self.penalties is not None:
             against = outvoted(others, {p for p in others if self.penalties.excluded(p)})
@@ -374,7 +379,7 @@ class Rejoin:
             if refusal is not None:
                 logger.warning("rejoin: donor %s refused: %s", donor[-8:], refusal)
                 continue
-            if not (against or refresh) and (got.round - left) * (target - left) <= 0:
+            if not against and (got.round - left) * (target - left) <= 0:
                 # heartbeats over-estimated the donor: its state is not in the direction we meant to go
                 logger.info(
                     "rejoin: donor %s is at round %d, not towards %d; kept own state",
@@ -391,19 +396,9 @@ class Rejoin:
             if sec.defences:  # nothing checked the donor's momentum: this peer's own bounds it
                 got.momentum = bounded_momentum(got.momentum, [m.cpu() for m in peer.state.momentum])
             skip = catch_up_steps(got, peer.cfg.outer.num_inner_steps, peer.timing.t_step_s)
+            # no entry round (`entry.py`): every view already counts this peer, by its old heartbeat,
+            # and naming a later round would take it out of some views before others
             adopt_state(peer, got, skip)
-            if refresh:  # the others count this peer from the round its heartbeat named
-                logger.info(
-                    "entering the groups with the swarm's current state: round %d -> %d from %s, %d steps in",
-                    left,
-                    got.round,
-                    donor[-8:],
-                    skip,
-                )
-                return left
-            entry = enter_groups(peer, self.view, got)
-            if entry.refreshes:
-                self._rejoin(refresh=True)
             if against and self.penalties is not None:
                 self.penalties.forgive(against)  # their values were out of bounds of the drifted state
             logger.info(

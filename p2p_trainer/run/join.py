@@ -123,8 +123,9 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
     Left out: peers a failed send (here or at a peer whose heartbeat says so) marked suspect, peers
     still joining: reporting round 0 (`at_round_zero`) while this one has trained for longer than a
     few heartbeat periods (before that, round 0 is just the heartbeats' lag at the start of a
-    swarm), and newcomers whose entry round is still ahead (`entry.py`): no group takes their work. The clock starts at the first call, i.e. when training starts: the wait for the other
-    peers and a late join's download come before it and say nothing about the heartbeats' lag.
+    swarm), and newcomers before their entry round (`entry.py`): no group takes their work. The clock starts at the first call,
+    i.e. when training starts: the wait for the other peers and a late join's download come before
+    it and say nothing about the heartbeats' lag.
     """
     started: list[float] = []
 
@@ -136,7 +137,7 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
         left_out = health.suspects() | view.reported_dead(beats)
         if settled:
             left_out |= at_round_zero(beats, records.now(), period_s)
-        left_out |= view.not_entered(view.status.round) - {view.node.peer_id}
+        left_out |= view.outside_groups(view.status.round) - {view.node.peer_id}
         return [h.peer_id for h in beats if h.peer_id not in left_out]
 
     return live
@@ -279,7 +280,7 @@ def start(
         tap=tap,
         security=cfg.security,
         out_of_step=view.out_of_step,
-        not_entered=view.not_entered,
+        outside_groups=view.outside_groups,
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
     if opts.monitor is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +63,6 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
         children += [swarm.start_peer(i, limit) for i in range(3)]
         assert wait_until(lambda: len(rounds_of(tmp_path, 0)) >= 4, 180), "the swarm did not get going"
         late_limit = ["--minutes", "0.5", "--wait-for-peers", "1"]  # ends before the others do
-        launched = time.time()
         children.append(swarm.start_peer(3, late_limit))
         assert wait_until(lambda: len(rounds_of(tmp_path, 3)) >= 1, 180)
         held = held_sockets([c.pid for c in children])
@@ -84,21 +82,11 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
     assert len(after) >= 3 and sum(after) >= 0.75 * len(after), (
         f"merged in {sum(after)} of {len(after)} rounds"
     )
-    # Its entry does not stall the others (net/entry.py): the rounds it enters from are named ahead
-    # in its heartbeat, so no view counts it in a round's groups before every view does. Without
-    # that, each of the three waited 15-24 s in exchanges that failed or left someone out.
-    for i in range(3):
-        lost = [
-            e
-            for r in rounds_of(tmp_path, i)
-            if launched <= r.unix_time <= late[-1].unix_time
-            for e in r.exchanges
-            if not e.ok or e.left_out
-        ]
-        waited = sum(e.blocked_s for e in lost)
-        assert waited <= 12.0, (
-            f"peer{i} waited {waited:.1f} s in {len(lost)} exchanges while the late peer joined"
-        )
+    # It enters in step (net/entry.py): the round it enters from is named ahead in its heartbeat, so
+    # every view counts it from that round on, and its first rounds meet their groups (4 or 5 of
+    # 5 in five runs; its first can still miss, as heartbeats lag). Without that, views disagreed
+    # for many rounds while its heartbeat spread: it merged in 1 of its first 5 rounds.
+    assert sum(merged[:5]) >= 3, f"merged in {sum(merged[:5])} of its first 5 rounds"
     finals = [final_of(tmp_path, i) for i in range(4)]
     assert all(f is not None for f in finals)
     losses = [f.val_loss for f in finals if f is not None and f.val_loss is not None]

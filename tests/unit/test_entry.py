@@ -11,16 +11,20 @@ import pytest
 import torch
 
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, Failed
-from p2p_trainer.net.entry import MAX_ENTRY_ROUNDS, GroupEntry, RoundPace, entry_round
+from p2p_trainer.net.entry import (
+    MAX_ENTRY_ROUNDS,
+    GroupEntry,
+    RoundPace,
+    entry_round,
+)
 from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.records import Heartbeat, RecordError
 from p2p_trainer.net.transport import Transport
 
 
 def beat(peer: str, rnd: int, started: float, enters: int = 0) -> Heartbeat:
-    return Heartbeat(
-        peer, rnd, 0, None, 0.0, "0.1.0", started + 0.5, round_started=started, enters_round=enters
-    )
+    b = Heartbeat(peer, rnd, 0, None, 0.0, "0.1.0", started + 0.5, round_started=started)
+    return replace(b, enters_round=enters)
 
 
 def test_a_long_round_is_entered_at_once_and_short_ones_after_the_heartbeat_has_spread() -> None:
@@ -77,25 +81,27 @@ def test_round_starts_older_than_the_window_are_dropped() -> None:
 def test_the_entry_round_travels_in_the_heartbeat_and_is_bounded() -> None:
     b = beat("a", 10, 100.0, enters=58)
     assert Heartbeat.decode(b.encode()).enters_round == 58
-    assert Heartbeat.decode(beat("a", 10, 100.0).encode()).enters_round == 0  # the field is left out
+    plain = beat("a", 10, 100.0)
+    assert b"enters_round" not in plain.encode()  # left out at 0, and read as 0
+    assert Heartbeat.decode(plain.encode()).enters_round == 0
     for bad in (-1, True, 1.5, 1 << 40, "58"):
         raw = replace(b, enters_round=bad)  # type: ignore[arg-type]
         with pytest.raises(RecordError, match="enters_round"):
             Heartbeat.decode(raw.encode())
 
 
-def _exchange(not_entered: set[str], entered_from: int) -> NetworkExchange:
+def _exchange(outside_groups: set[str], entered_from: int) -> NetworkExchange:
     transport = cast(Transport, SimpleNamespace(peer_id="me"))
     return NetworkExchange(
         transport,
         lambda: ["b", "c", "d"],
         "run",
         0,
-        not_entered=lambda round: not_entered if round < entered_from else set(),
+        outside_groups=lambda round: outside_groups if round < entered_from else set(),
     )
 
 
-def test_a_rounds_groups_leave_out_peers_that_have_not_entered_yet_but_the_final_counts_them() -> None:
+def test_a_rounds_groups_leave_out_peers_outside_them_but_the_final_counts_them() -> None:
     exchange = _exchange({"b"}, entered_from=9)
     request = ExchangeRequest("mix2", 8, ALL)
     assert exchange._group(request).members == ["c", "d", "me"]
@@ -103,7 +109,7 @@ def test_a_rounds_groups_leave_out_peers_that_have_not_entered_yet_but_the_final
     assert exchange._group(replace(request, in_round=False)).members == ["b", "c", "d", "me"]
 
 
-def test_a_peer_that_has_not_entered_yet_fails_its_rounds_exchanges_at_once_with_the_reason() -> None:
+def test_a_peer_outside_a_rounds_groups_fails_its_exchanges_at_once_with_the_reason() -> None:
     exchange = _exchange({"me"}, entered_from=9)
     tensors = [torch.ones(3)]
     res = exchange.start(tensors, ExchangeRequest("outer", 8, ALL)).result(1.0)

@@ -22,7 +22,8 @@ others' heartbeats show the swarm at its entry round, then downloads the swarm's
 enters with it.
 
 A peer that rejoins (`Rejoin`) names no entry round: every view already counts it, by its earlier
-heartbeat, and a later entry would take it out of some views before others.
+heartbeat, and a later entry would take it out of some views before others (one cut off for longer
+than the heartbeat TTL has dropped out of the views, and is not covered).
 
 The round time is measured from the others' heartbeats as they are read (`RoundPace`): the
 rounds each peer began against when it began them, the median over peers (a heartbeat's
@@ -51,7 +52,7 @@ MAX_WAIT_S = 60.0
 """Longest a newcomer waits for the swarm to reach its entry round before it downloads anyway."""
 PACE_WINDOW_S = 30.0
 """How far back round starts count for the swarm's round time: recent enough to follow a change of
-pace, long enough to span several heartbeat periods."""
+pace, long enough to span several heartbeat periods (the last two count whatever their age)."""
 MAX_ENTRY_ROUNDS = 256
 """Most rounds a newcomer names between the round it adopted and its entry. Round times come from
 other peers' claims; claims of absurdly short rounds must not keep it out for the rest of the run."""
@@ -117,11 +118,14 @@ class RoundPace:
         seen = {}
         for b in beats:
             starts = self._starts.get(b.peer_id, deque())
-            if b.round_started > 0 and (not starts or (b.round, b.round_started) != starts[-1]):
-                if starts and (b.round <= starts[-1][0] or b.round_started <= starts[-1][1]):
+            # the same round again (a heartbeat between a round's end and the next one's start,
+            # where the start is stamped twice) says nothing new
+            if b.round_started > 0 and (not starts or b.round != starts[-1][0]):
+                if starts and (b.round < starts[-1][0] or b.round_started <= starts[-1][1]):
                     starts.clear()  # a rejoin or a restart: its earlier rounds say nothing of its pace
                 starts.append((b.round, b.round_started))
-            while starts and starts[-1][1] - starts[0][1] > self.window_s:
+            # the last two starts always: rounds longer than the window are measured too
+            while len(starts) > 2 and starts[-1][1] - starts[0][1] > self.window_s:
                 starts.popleft()
             seen[b.peer_id] = starts
         self._starts = seen

@@ -116,11 +116,10 @@ class NetworkExchange:
     ) -> None:
         """`out_of_step()`: live peers too far ahead to be in this round's groups (`in_step.py`;
         not asked for an exchange with `in_round` False); `outside_groups(round)`: peers, this one
-        included, not yet counted in that round's groups (`entry.py`). `faults` is
-        told ("mix1" | "blocking", round) once this peer has delivered its contributions; `tap`
-        sees each exchange's
-        contribution and result (a test tool, `exchange_tap.py`); `security` says whether and how
-        contributions and results are bounded (§10)."""
+        included, not yet counted in that round's groups (`entry.py`). `faults` is told ("mix1" |
+        "blocking", round) once this peer has delivered its contributions; `tap` sees each
+        exchange's contribution and result (a test tool, `exchange_tap.py`); `security` says
+        whether and how contributions and results are bounded (§10)."""
         self.transport, self.live_peers = transport, live_peers
         self.run_id, self.seed, self.max_weight = run_id, seed, max_weight
         self.me = transport.peer_id

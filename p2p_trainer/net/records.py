@@ -170,9 +170,8 @@ class Heartbeat:
     data_address: str = ""
     """Where its direct data plane listens (`direct.py`: an IP and a port); "": use p2pd."""
     enters_round: int = 0
-    """The first round whose groups may count this peer (`entry.py`): a peer that adopted the
-    swarm's state names a round far enough ahead for every view to have read this record by then;
-    0 for a peer that started with the swarm."""
+    """The first round whose groups may count this peer (`entry.py`): a late joiner names a round
+    far enough ahead for every view to have read this record by then; 0 for the others."""
 
     def encode(self) -> bytes:
         fields = asdict(self)

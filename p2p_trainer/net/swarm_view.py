@@ -425,14 +425,16 @@ class SwarmView:
             pass
 
     def wait_for_round(self, round: int, min_s: float, timeout_s: float) -> bool:
-        """Block at least `min_s` and until half or more of the other peers' heartbeats show
-        `round` or later (one peer's claim does not end the wait), or `timeout_s` passes; whether
-        they did."""
+        """Block at least `min_s` and until half or more of the other training peers' heartbeats
+        show `round` or later (one peer's claim does not end the wait), or `timeout_s` passes;
+        whether they did."""
         t0 = time.monotonic()
         me = self.node.peer_id
 
         def reached() -> bool:
-            rounds = [b.round for b in self.heartbeats() if b.peer_id != me]
+            # peers still joining (round 0) or waiting to enter themselves do not say where the swarm is
+            beats = self.heartbeats()
+            rounds = [b.round for b in beats if b.peer_id != me and b.round > 0 and b.enters_round <= b.round]
             return bool(rounds) and 2 * sum(r >= round for r in rounds) >= len(rounds)
 
         while time.monotonic() - t0 < min_s or not reached():

@@ -76,6 +76,10 @@ def late_join(
             return True
         if not donors and time.monotonic() >= donor_deadline:
             return False
+        if donors and entry is None:
+            # the entry round is timed by the swarm's pace: measured before the download, so that
+            # the catch-up (`catch_up_steps`) counts from the moment the state arrives
+            view.wait_for_pace(ENTRY_PERIODS * view.period_s)
         attempt += 1
         if donors:
             faults.reached("download", attempt)
@@ -105,19 +109,15 @@ def late_join(
 def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
     """Plan a late joiner's way into the groups (`entry.py`) once it adopted `state` and left
     `peer.skip_steps` of its round out; the others learn it from the heartbeat. Rounds are timed
-    by the others' heartbeats (`RoundPace`, waited for up to the entry time if not yet measured):
-    the donor's step time, its claim alone, only says when the adopted round's exchange starts.
+    by the others' heartbeats (`RoundPace`; `late_join` waits for it before it downloads): the
+    donor's step time, its claim alone, only says when the adopted round's exchange starts.
     Where the entry is several rounds away, waits (without training) for the swarm to reach it:
     the caller then downloads the swarm's state again."""
     h = peer.cfg.outer.num_inner_steps
     step_s = peer.timing.t_step_s or state.donor_step_s
-    remaining_s = (h - peer.skip_steps) * step_s
     entry_s = ENTRY_PERIODS * view.period_s
     t0 = time.monotonic()
-    if remaining_s < entry_s:
-        view.wait_for_pace(entry_s)
-        remaining_s = max(0.0, remaining_s - (time.monotonic() - t0))
-    entry = GroupEntry.plan(state.round, remaining_s, view.round_s(), entry_s)
+    entry = GroupEntry.plan(state.round, (h - peer.skip_steps) * step_s, view.round_s(), entry_s)
     # the entry first: a heartbeat with the adopted round and no entry yet would be counted
     view.enter_groups(entry)
     # the adopted round too: a heartbeat still saying round 0 would keep this peer among the

@@ -123,9 +123,9 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
     Left out: peers a failed send (here or at a peer whose heartbeat says so) marked suspect, peers
     still joining: reporting round 0 (`at_round_zero`) while this one has trained for longer than a
     few heartbeat periods (before that, round 0 is just the heartbeats' lag at the start of a
-    swarm), and newcomers before their entry round (`entry.py`): no group takes their work. The clock starts at the first call,
-    i.e. when training starts: the wait for the other peers and a late join's download come before
-    it and say nothing about the heartbeats' lag.
+    swarm), and newcomers before their entry round (`entry.py`): no group takes their work. The
+    clock starts at the first call, i.e. when training starts: the wait for the other peers and a
+    late join's download come before it and say nothing about the heartbeats' lag.
     """
     started: list[float] = []
 

@@ -48,7 +48,7 @@ def test_an_entry_several_rounds_ahead_is_waited_for_and_met_with_a_fresh_state(
     far = GroupEntry.plan(40, 0.2, 0.1, 5.0)
     assert far.refreshes and far.waiting(40) and far.waiting(87) and not far.waiting(88)
     assert far.wait_limit_s(5.0) == pytest.approx(3 * (5.0 + 48 * 0.1))
-    assert GroupEntry.plan(40, 0.0, 1e-6, 5.0).wait_limit_s(5.0) <= 60.0
+    assert GroupEntry.plan(40, 0.0, 30.0, 5.0).wait_limit_s(5.0) == 60.0  # 3 x 35 s, but a minute at most
     assert GroupEntry.plan(40, 0.0, math.inf, 5.0).round_s == 0.0  # a claim that cannot be used
 
 
@@ -68,13 +68,28 @@ def test_the_round_pace_is_the_median_of_what_the_peers_heartbeats_show() -> Non
     assert pace.round_s("me") == pytest.approx(0.5)  # the upper median of 0.27 and 0.5
 
 
+def test_a_round_read_twice_with_two_starts_keeps_the_pace() -> None:
+    pace = RoundPace()
+    pace.saw([beat("a", 10, 100.0)])
+    pace.saw([beat("a", 10, 100.3)])  # the round's start stamped again: not a restart
+    pace.saw([beat("a", 14, 102.0)])
+    assert pace.round_s("me") == pytest.approx(0.5)
+
+
+def test_rounds_longer_than_the_window_are_measured_by_the_last_two_starts() -> None:
+    pace = RoundPace(window_s=30.0)
+    pace.saw([beat("a", 1, 10.0)])
+    pace.saw([beat("a", 2, 50.0)])
+    assert pace.round_s("me") == pytest.approx(40.0)
+
+
 def test_round_starts_older_than_the_window_are_dropped() -> None:
     pace = RoundPace(window_s=10.0)
-    pace.saw([beat("a", 1, 0.0)])
-    pace.saw([beat("a", 2, 1.0)])  # a slow start: 1 s a round
-    pace.saw([beat("a", 100, 20.0)])  # then fast; the first two starts are out of the window
-    assert pace.round_s("me") == 0.0
-    pace.saw([beat("a", 120, 22.0)])
+    pace.saw([beat("a", 1, 1.0)])
+    pace.saw([beat("a", 2, 2.0)])  # a slow start: 1 s a round
+    pace.saw([beat("a", 100, 21.0)])  # then fast; the first start is out of the window
+    assert pace.round_s("me") == pytest.approx(19.0 / 98)
+    pace.saw([beat("a", 120, 23.0)])  # and now the second
     assert pace.round_s("me") == pytest.approx(0.1)
 
 
@@ -115,5 +130,5 @@ def test_a_peer_outside_a_rounds_groups_fails_its_exchanges_at_once_with_the_rea
     res = exchange.start(tensors, ExchangeRequest("outer", 8, ALL)).result(1.0)
     assert isinstance(res, Failed) and "waiting to enter the swarm's groups" in res.reason
     # from its entry round on, it is a member like any other (here: the transport is needed)
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="submit"):
         exchange.start(tensors, ExchangeRequest("outer", 9, ALL))

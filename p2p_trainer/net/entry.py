@@ -86,9 +86,6 @@ class GroupEntry:
             round_s = 0.0
         return GroupEntry(adopted, entry_round(adopted, remaining_s, round_s, entry_s), round_s)
 
-    def waiting(self, round: int) -> bool:
-        return self.adopted <= round < self.enters
-
     @property
     def refreshes(self) -> bool:
         """Whether the newcomer waits for the swarm and downloads its state again (see the module)."""

@@ -45,7 +45,7 @@ from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
-from p2p_trainer.net.entry import GroupEntry, RoundPace
+from p2p_trainer.net.entry import RoundPace
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.probation import Prober
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
@@ -173,8 +173,6 @@ class SwarmView:
         self._stop = threading.Event()
         self._pace = RoundPace()
         """The other peers' round starts as read, for the swarm's round time (`entry.py`)."""
-        self._entry: GroupEntry | None = None
-        """This peer's last way into the groups after adopting the swarm's state (`entry.py`)."""
         self._wake = threading.Event()
         """Set to publish the heartbeat now rather than at the end of the period."""
         self._refresh()
@@ -402,21 +400,16 @@ class SwarmView:
             )
         return out
 
-    def enter_groups(self, entry: GroupEntry) -> None:
-        """Count this peer in the groups of `entry.enters` and later rounds only (`entry.py`), and
-        say so in a heartbeat published now: the others' views must read it before that round's
+    def enter_groups_at(self, round: int) -> None:
+        """Count this peer in the groups of `round` and later rounds only (`entry.py`), and say so
+        in a heartbeat published now: the others' views must read it before that round's
         exchanges."""
-        self.status.enters_round, self._entry = entry.enters, entry
+        self.status.enters_round = round
         self._wake.set()
 
     def round_s(self) -> float:
         """The swarm's round time as its peers' heartbeats show it (0: not seen yet)."""
         return self._pace.round_s(self.node.peer_id)
-
-    @property
-    def entry(self) -> GroupEntry | None:
-        """This peer's last way into the groups (`entry.py`); None if it started with the swarm."""
-        return self._entry
 
     def wait_for_pace(self, timeout_s: float) -> None:
         """Block until the swarm's round time is measured (`round_s`) or `timeout_s` passes."""
@@ -442,12 +435,14 @@ class SwarmView:
                 return reached()
         return True
 
-    def outside_groups(self, round: int) -> set[str]:
-        """Peers, this one included, whose heartbeat names a later round than `round` as the first
-        whose groups may count them (`entry.py`). This peer's own is its status, never the copy of
-        its heartbeat read back from the DHT, which may be older."""
+    def outside_groups(self, round: int, beats: list[records.Heartbeat] | None = None) -> set[str]:
+        """Peers, this one included, whose heartbeat (among `beats`, by default the view's) names a
+        later round than `round` as the first whose groups may count them (`entry.py`). This
+        peer's own is its status, never the copy of its heartbeat read back from the DHT, which
+        may be older."""
         me = self.node.peer_id
-        out = {b.peer_id for b in self.heartbeats() if b.peer_id != me and b.enters_round > round}
+        beats = self.heartbeats() if beats is None else beats
+        out = {b.peer_id for b in beats if b.peer_id != me and b.enters_round > round}
         return out | {me} if self.status.enters_round > round else out
 
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:

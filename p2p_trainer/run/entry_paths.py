@@ -119,7 +119,7 @@ def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
     t0 = time.monotonic()
     entry = GroupEntry.plan(state.round, (h - peer.skip_steps) * step_s, view.round_s(), entry_s)
     # the entry first: a heartbeat with the adopted round and no entry yet would be counted
-    view.enter_groups(entry)
+    view.enter_groups_at(entry.enters)
     # the adopted round too: a heartbeat still saying round 0 would keep this peer among the
     # joining (`SwarmView._joining`) in views that read it before its first round
     view.enter_round(state.round)

@@ -137,7 +137,7 @@ def _training_peers(view: SwarmView, health: PeerHealth, period_s: float) -> Cal
         left_out = health.suspects() | view.reported_dead(beats)
         if settled:
             left_out |= at_round_zero(beats, records.now(), period_s)
-        left_out |= view.outside_groups(view.status.round) - {view.node.peer_id}
+        left_out |= view.outside_groups(view.status.round, beats) - {view.node.peer_id}
         return [h.peer_id for h in beats if h.peer_id not in left_out]
 
     return live

@@ -46,7 +46,7 @@ def test_an_entry_several_rounds_ahead_is_waited_for_and_met_with_a_fresh_state(
         40, 1.0, 10.0, 5.0
     ).refreshes  # one round alone costs what a failed exchange does
     far = GroupEntry.plan(40, 0.2, 0.1, 5.0)
-    assert far.refreshes and far.waiting(40) and far.waiting(87) and not far.waiting(88)
+    assert far.refreshes and (far.adopted, far.enters) == (40, 88)
     assert far.wait_limit_s(5.0) == pytest.approx(3 * (5.0 + 48 * 0.1))
     assert GroupEntry.plan(40, 0.0, 30.0, 5.0).wait_limit_s(5.0) == 60.0  # 3 x 35 s, but a minute at most
     assert GroupEntry.plan(40, 0.0, math.inf, 5.0).round_s == 0.0  # a claim that cannot be used

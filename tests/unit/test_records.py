@@ -312,7 +312,7 @@ def test_constant_work_counts_a_peer_out_only_by_a_fresh_round_zero_heartbeat() 
             heartbeat(PEER_D, round=8, timestamp=now, enters_round=12),  # a newcomer, not yet in groups
         ]
 
-    def outside_groups(round: int) -> set[str]:
+    def outside_groups(round: int, _beats: object = None) -> set[str]:
         return {PEER_D, PEER_E} if round < 12 else set()  # PEER_E: this peer itself, not yet in either
 
     assert at_round_zero(beats(), records.now(), period_s) == {PEER_A}

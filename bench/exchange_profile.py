@@ -1,7 +1,7 @@
 """Where an exchange's time goes on the WAN testbed: our butterfly (over the direct data plane and
 over p2pd) vs plain TCP vs the bound.
 
-    python -m bench.exchange_profile [--peers 2 4] [--rounds 6]
+    python -m bench.exchange_profile [--peers 2 4] [--rounds 6] [--chunks C]
 
 The target is exchange time <= 1.15 x bytes / link rate (bench/RESULTS.md). The WAN bench's per-peer
 `elapsed_s` also counts waiting for the group's last member, so this bench takes the peers out and
@@ -62,6 +62,39 @@ def _busy_training(stop: threading.Event, steps: list[float]) -> None:
         steps.append(time.monotonic() - t0)
 
 
+async def _chunked(transport: Any, group: Any, flat: Any, deadline: float, chunks: int) -> Any:
+    """`--chunks`: a pipelined exchange built from the shipped butterfly. The vector is cut into
+    consecutive chunks, each averaged by a butterfly of its own; chunk c + 1's starts once chunk
+    c's contributions are delivered, so its phase 1 runs while chunk c's results come back."""
+    import asyncio
+    import dataclasses
+
+    from p2p_trainer.exchange.interface import Ok
+    from p2p_trainer.net.allreduce import butterfly_average, part_bounds
+
+    started = time.monotonic()
+    ready = [asyncio.Event() for _ in range(chunks)]
+
+    async def one(c: int, a: int, b: int) -> Any:
+        if c:
+            await ready[c - 1].wait()
+        g = dataclasses.replace(group, key=f"{group.key}|k{c}", view_prefix=f"{group.key}|k{c}")
+        return await butterfly_average(transport, g, flat[a:b], 1.0, deadline, contributed=ready[c].set)
+
+    bounds = part_bounds(flat.numel(), chunks)
+    results = await asyncio.gather(*(one(c, a, b) for c, (a, b) in enumerate(bounds)))
+    failed = [r for r in results if not isinstance(r, Ok)]
+    if failed:
+        return failed[0]
+    return dataclasses.replace(
+        results[0],
+        group_size=min(r.group_size for r in results),
+        elapsed_s=time.monotonic() - started,
+        quorum_s=results[0].quorum_s,
+        sync_s=results[-1].sync_s,
+    )
+
+
 def member(args: argparse.Namespace) -> int:
     import hivemind
     import numpy as np
@@ -117,10 +150,16 @@ def member(args: argparse.Namespace) -> int:
         time.sleep(max(0.0, start_at - time.time()))
         group = GroupSpec(key=f"{GROUP_KEY}|{k}", members=members, me=transport.peer_id)
         began = time.time()
-        res = transport.run(
-            butterfly_average(transport, group, flat, 1.0, time.monotonic() + args.period_s),
-            args.period_s + 5,
-        )
+        if args.chunks > 1:
+            res = transport.run(
+                _chunked(transport, group, flat, time.monotonic() + args.period_s, args.chunks),
+                args.period_s + 5,
+            )
+        else:
+            res = transport.run(
+                butterfly_average(transport, group, flat, 1.0, time.monotonic() + args.period_s),
+                args.period_s + 5,
+            )
         row = {"round": k, "late_start_s": began - start_at, "elapsed_s": res.elapsed_s}
         row.update({"ok": res.group_size == args.n} if hasattr(res, "group_size") else {"ok": False})
         row["step_s"] = statistics.median(steps[-20:]) if steps else None
@@ -143,11 +182,12 @@ def member(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- harness
 def _members(
-    tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float, data_plane: str
+    tb: Any, n: int, busy: bool, rounds: int, floats: int, period_s: float, data_plane: str, chunks: int
 ) -> list[dict[str, Any]]:
     base = [sys.executable, str(Path(__file__).resolve()), "member", "--n", str(n), "--floats", str(floats)]
     base += ["--rounds", str(rounds), "--period-s", str(period_s), "--data-plane", data_plane]
     base += ["--busy"] if busy else []
+    base += ["--chunks", str(chunks)]
     t0 = time.time() + 40.0  # DHT start, joins and the member list take ~15-25 s on 2 cores
     procs = []
     first_maddr: str | None = None
@@ -210,8 +250,12 @@ def main() -> int:
     m.add_argument("--period-s", type=float, required=True)
     m.add_argument("--initial-peer", action="append", default=[])
     m.add_argument("--busy", action="store_true")
+    m.add_argument("--chunks", type=int, default=1)
     m.add_argument("--data-plane", choices=["direct", "p2pd"], default="direct")
     p.add_argument("--peers", type=int, nargs="+", default=[2, 4])
+    p.add_argument(
+        "--chunks", type=int, default=1, help="Pipeline each exchange in this many chunks (`_chunked`)."
+    )
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--rate-mbit", type=float, default=10.0)
     p.add_argument("--cpu-cores", type=float, default=0.45)
@@ -250,7 +294,7 @@ def main() -> int:
         with Testbed(TestbedConfig(hosts=hosts)) as tb:
             tcp_s = _tcp_floor(tb, n, int(nbytes))
             for plane, busy in [(plane, busy) for plane in args.data_planes for busy in args.busy]:
-                rows = _members(tb, n, busy, args.rounds, args.floats, period, plane)
+                rows = _members(tb, n, busy, args.rounds, args.floats, period, plane, args.chunks)
                 # the first exchange also opens the members' connections: left out of the median
                 steady = [r for r in rows if r["round"] > 0 and r["ok"]]
                 el = statistics.median(r["elapsed_s"] for r in steady) if steady else float("nan")

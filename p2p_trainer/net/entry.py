@@ -25,6 +25,14 @@ A peer that rejoins (`Rejoin`) names no entry round: every view already counts i
 heartbeat, and a later entry would take it out of some views before others (one cut off for longer
 than the heartbeat TTL has dropped out of the views, and is not covered).
 
+A peer whose time bound (`--minutes`) is near leaves the groups the same way (`TimeBound`): from
+`ENTRY_PERIODS` heartbeat periods before the bound, it names in its heartbeat the first round whose
+exchange starts at the bound or later, takes part in the rounds before it and stops there. Stopping
+at the bound itself, unannounced, left it in every view until it left the swarm: each of its
+partners waited out a grace window in every round meanwhile, and DiLoCo's all-reduce, which counts
+every peer, merged only in part. Announcing the stop at the moment it happens made the views
+disagree while they read it (docs/algorithms.md §2.1).
+
 The round time is measured from the others' heartbeats as they are read (`RoundPace`): the
 rounds each peer began against when it began them, the median over peers (a heartbeat's
 throughput says only how long its peer's last round took, one noisy round; the donor's step time
@@ -38,6 +46,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from p2p_trainer.net.records import Heartbeat
 
@@ -68,6 +77,59 @@ def entry_round(adopted: int, remaining_s: float, round_s: float, entry_s: float
         return adopted + 1
     rounds = math.ceil((entry_s - remaining_s) / round_s - 1e-9)
     return adopted + min(MAX_ENTRY_ROUNDS, max(1, rounds))
+
+
+class Planned(Protocol):
+    """A peer's named entry and leave rounds (its heartbeat, or this peer's own status)."""
+
+    @property
+    def enters_round(self) -> int: ...
+
+    @property
+    def leaves_round(self) -> int: ...
+
+
+def in_groups(peer: Planned, round: int) -> bool:
+    """Whether `round`'s groups count `peer`: from its entry round on, and before its leave round
+    where it named one."""
+    return peer.enters_round <= round and not (peer.leaves_round and round >= peer.leaves_round)
+
+
+def has_left(peer: Planned, round: int) -> bool:
+    """Whether a peer whose heartbeat (or status) says round `round` is in its last round or has
+    stopped at its leave round (a stopped peer's heartbeat keeps the last round it began): not a
+    partner to catch up with, a donor to adopt from, nor a vote on where the swarm is."""
+    return bool(peer.leaves_round) and round + 1 >= peer.leaves_round
+
+
+@dataclass
+class TimeBound:
+    """A time bound met by leaving the groups at a round named ahead (see the module)."""
+
+    deadline: float
+    """time.monotonic() of the bound; inf for none."""
+    notice_s: float
+    """How long before the bound the leave round is named: as long as a newcomer's entry takes."""
+    leaves: int | None = None
+    """The round named (None: none yet)."""
+
+    def leave_round(self, now: float, round: int, remaining_s: float, round_s: float) -> int | None:
+        """The round to name now, once `notice_s` or less is left before the bound, or None:
+        the first whose exchange starts at the bound or later (`entry_round`), from round `round`,
+        whose exchange starts in `remaining_s`, with rounds of about `round_s` after it. Once
+        `notice_s` past the bound (rounds ran slower than the pace said), the round it is in."""
+        if now >= self.deadline + self.notice_s and (self.leaves is None or round < self.leaves):
+            self.leaves = round  # late: the views read it one by one, but the peer stops now
+            return round
+        if self.leaves is not None or now < self.deadline - self.notice_s:
+            return None
+        self.leaves = entry_round(round, remaining_s, round_s, self.deadline - now)
+        return self.leaves
+
+    def over(self, round: int) -> bool:
+        """Whether a peer in round `round` stops now: at its leave round, whose exchanges it
+        takes no part in (`leave_round` names one late where the rounds ran slow)."""
+        return self.leaves is not None and round >= self.leaves
 
 
 @dataclass(frozen=True)

@@ -172,11 +172,16 @@ class Heartbeat:
     enters_round: int = 0
     """The first round whose groups may count this peer (`entry.py`): a late joiner names a round
     far enough ahead for every view to have read this record by then; 0 for the others."""
+    leaves_round: int = 0
+    """The first round whose groups leave this peer out (`entry.py`): a peer whose time bound is
+    near names a round far enough ahead for every view to have read this record by then; 0 for
+    the others."""
 
     def encode(self) -> bytes:
         fields = asdict(self)
-        if not self.enters_round:
-            del fields["enters_round"]
+        for name in ("enters_round", "leaves_round"):
+            if not fields[name]:
+                del fields[name]
         if not self.invitation:  # most swarms are open: their heartbeats carry no invitation field
             del fields["invitation"]
         if not self.data_address:
@@ -218,6 +223,7 @@ class Heartbeat:
             last_exchange=_word(fields, "last_exchange", ("", *EXCHANGE_OUTCOMES)),
             data_address=_data_address(fields.get("data_address", "")),
             enters_round=_count(fields, "enters_round", MAX_STEPS),
+            leaves_round=_count(fields, "leaves_round", MAX_STEPS),
         )
         if beat.round_steps and beat.round_step > beat.round_steps:
             raise RecordError(

@@ -45,7 +45,7 @@ from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
-from p2p_trainer.net.entry import RoundPace
+from p2p_trainer.net.entry import RoundPace, has_left, in_groups
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.probation import Prober
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
@@ -81,6 +81,8 @@ class PeerStatus:
     """Where this peer's direct data plane listens ("": it has none)."""
     enters_round: int = 0
     """The first round whose groups may count this peer (`entry.py`; 0: it started with the swarm)."""
+    leaves_round: int = 0
+    """The first round whose groups leave this peer out (`entry.py`; 0: none planned)."""
 
 
 REVOCATION_EVERY = 5
@@ -209,6 +211,7 @@ class SwarmView:
             last_exchange=st.last_exchange,
             data_address=st.data_address,
             enters_round=st.enters_round,
+            leaves_round=st.leaves_round,
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str], set[str]]:
@@ -222,8 +225,11 @@ class SwarmView:
             beats = [b for b in beats if self.admission.admits(b.peer_id, b.invitation)]
         if self.defences:
             st = self.status
+            # a peer that stopped for its time bound keeps its last round: the others train on past
+            # it, and it must not judge them by it
+            own_round, own_started = (0, 0.0) if has_left(st, st.round) else (st.round, st.round_started)
             beats = bound_heartbeats(
-                beats, st.round, now, self._bounds, self._replays, st.round_started, self.node.peer_id
+                beats, own_round, now, self._bounds, self._replays, own_started, self.node.peer_id
             )
         refused = published - {b.peer_id for b in beats}
         return [b for b in beats if not b.leaving], {b.peer_id for b in beats if b.leaving}, refused
@@ -407,6 +413,13 @@ class SwarmView:
         self.status.enters_round = round
         self._wake.set()
 
+    def leave_groups_at(self, round: int) -> None:
+        """Leave this peer out of the groups of `round` and later rounds (`entry.py`), and say so
+        in a heartbeat published now: the others' views must read it before that round's
+        exchanges."""
+        self.status.leaves_round = round
+        self._wake.set()
+
     def round_s(self) -> float:
         """The swarm's round time as its peers' heartbeats show it (0: not seen yet)."""
         return self._pace.round_s(self.node.peer_id)
@@ -427,7 +440,7 @@ class SwarmView:
         def reached() -> bool:
             # peers still joining (round 0) or waiting to enter themselves do not say where the swarm is
             beats = self.heartbeats()
-            rounds = [b.round for b in beats if b.peer_id != me and b.round > 0 and b.enters_round <= b.round]
+            rounds = [b.round for b in beats if b.peer_id != me and b.round > 0 and in_groups(b, b.round)]
             return bool(rounds) and 2 * sum(r >= round for r in rounds) >= len(rounds)
 
         while time.monotonic() - t0 < min_s or not reached():
@@ -436,14 +449,15 @@ class SwarmView:
         return True
 
     def outside_groups(self, round: int, beats: list[records.Heartbeat] | None = None) -> set[str]:
-        """Peers, this one included, whose heartbeat (among `beats`, by default the view's) names a
-        later round than `round` as the first whose groups may count them (`entry.py`). This
+        """Peers, this one included, whose heartbeat (among `beats`, by default the view's) keeps
+        them out of `round`'s groups: a later round named as the first that may count them, or
+        `round` or an earlier one named as the first that leaves them out (`entry.py`). This
         peer's own is its status, never the copy of its heartbeat read back from the DHT, which
         may be older."""
         me = self.node.peer_id
         beats = self.heartbeats() if beats is None else beats
-        out = {b.peer_id for b in beats if b.peer_id != me and b.enters_round > round}
-        return out | {me} if self.status.enters_round > round else out
+        out = {b.peer_id for b in beats if b.peer_id != me and not in_groups(b, round)}
+        return out | {me} if not in_groups(self.status, round) else out
 
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers other peers' heartbeats report dead (`reported_dead`), less those whose messages

@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from p2p_trainer.net.entry import has_left
 from p2p_trainer.net.envelope import READ_DROPS
 from p2p_trainer.net.records import Heartbeat
 
@@ -88,7 +89,10 @@ def training_rounds(
     rounds = [
         b.round
         for b in beats
-        if not b.leaving and b.peer_id != self_id and (b.round > 0 or b.round_started > 0)
+        if not b.leaving
+        and b.peer_id != self_id
+        and (b.round > 0 or b.round_started > 0)
+        and not has_left(b, b.round)  # stopped for its time bound: its round stays where it was
     ]
     if own_round > 0 or own_started > 0:
         rounds.append(own_round)

@@ -15,7 +15,7 @@ from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net import records
 from p2p_trainer.net.donor_check import bounded_momentum, confirmed_download, round_refusal
-from p2p_trainer.net.entry import ENTRY_PERIODS, GroupEntry
+from p2p_trainer.net.entry import ENTRY_PERIODS, GroupEntry, has_left
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.state_sync import (
@@ -63,6 +63,9 @@ def late_join(
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
+        # peers stopping for their time bound (`entry.py`) keep their last round: neither a vote on
+        # where the swarm is nor a donor (their state stops there, and they leave within seconds)
+        beats = [h for h in beats if not has_left(h, h.round)]
         # heartbeats say the rounds per second (throughput / tokens per round) of their peers
         rounds_per_s = max((h.throughput_tokens_per_s for h in beats), default=0.0) / tokens_per_round
         slack = heartbeat_lag_rounds(rounds_per_s, 2 * view.period_s)
@@ -335,10 +338,12 @@ class Rejoin:
 
     def _rejoin(self) -> int | None:
         peer, now = self.peer, records.now()
+        # peers that stopped for their time bound (`entry.py`) are no swarm to catch up with:
+        # the last peer training alone is not cut off
         others = {
             h.peer_id: estimated_round(h, now, self.tokens_per_round)
             for h in self.view.heartbeats()
-            if h.peer_id != self.transport.peer_id
+            if h.peer_id != self.transport.peer_id and not has_left(h, h.round)
         }
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
         against: list[str] = []

@@ -28,6 +28,7 @@ from p2p_trainer.net.admission import Admission, InvitationError, check_entry
 from p2p_trainer.net.align import RoundAligner
 from p2p_trainer.net.data_plane import start_data_plane
 from p2p_trainer.net.dht import DHTConfig, NetNode
+from p2p_trainer.net.entry import ENTRY_PERIODS, TimeBound
 from p2p_trainer.net.envelope import READ_DROPS, DropTally
 from p2p_trainer.net.exchange_tap import TransportCounters, open_tap
 from p2p_trainer.net.health import PeerHealth
@@ -177,13 +178,36 @@ def run_peer(opts: JoinOptions, stop: threading.Event) -> int:
         progress.follow(lambda: _progress(joined.peer))
         progress.phase("training")
         deadline = joined.started + 60 * opts.max_minutes if opts.max_minutes else float("inf")
-        train_rounds(joined, lambda: stop.is_set() or time.monotonic() >= deadline)
+        bound = TimeBound(deadline, ENTRY_PERIODS * joined.view.period_s)
+        train_rounds(joined, lambda: stop.is_set() or time_is_up(joined, bound))
         if joined.view.refused_self is not None:  # learnt in the last round: no final agreement
             leave_refused(joined)
         progress.phase("stopping")
         finish(joined, stopped=stop.is_set(), stop_requested=stop.is_set)
         progress.phase("done")
     return 0
+
+
+def time_is_up(j: Joined, bound: TimeBound) -> bool:
+    """Whether the peer stops for its time bound now; names the round it leaves the groups at,
+    ahead, once the bound is near (`entry.py`). Asked between inner steps."""
+    peer, now = j.peer, time.monotonic()
+    h = peer.cfg.outer.num_inner_steps
+    remaining_s = (h - peer.round_step) * (peer.timing.t_step_s or 0.0)  # to this round's exchange
+    leaves = bound.leave_round(now, peer.state.round, remaining_s, j.view.round_s())
+    if leaves is not None:
+        # a leave at round 0 reads as none: the others then wait for this peer in round 0 only
+        j.view.leave_groups_at(leaves)
+        left_s = bound.deadline - now
+        when = f"in {left_s:.1f} s" if left_s >= 0 else f"passed {-left_s:.1f} s ago (rounds ran slow)"
+        logger.info(
+            "time bound %s: leaving the swarm's groups at round %d (now in round %d), so the "
+            "others' views learn of it first",
+            when,
+            leaves,
+            peer.state.round,
+        )
+    return bound.over(peer.state.round)
 
 
 def _progress(peer: Peer) -> Progress:

@@ -27,8 +27,14 @@ def test_peers_stopped_by_time_at_different_rounds_end_with_the_mean(
     local_swarm: SwarmFactory, tmp_path: Path
 ) -> None:
     """The peers stop on --minutes several seconds apart, so after different numbers of rounds
-    and with different anchors (each round's merge moves them), and still meet."""
-    swarm = local_swarm(tiny_config("noloco", rounds=100_000, final_wait_s=60.0), PEERS)
+    and with different anchors (each round's merge moves them), and still meet.
+
+    Each leaves the groups at a round named ahead (net/entry.py), so the last one trains its last
+    seconds alone at full speed, hundreds of tiny rounds, and its own model can end more than the
+    default 0.02 better than the mean; whether it then keeps its own is `keep_the_better`'s test
+    (tests/unit/test_final_agreement.py). This one is about the meeting: every peer adopts the mean."""
+    cfg = tiny_config("noloco", rounds=100_000, final_wait_s=60.0, final_max_loss_increase=10.0)
+    swarm = local_swarm(cfg, PEERS)
     try:
         # different limits: peers started together with one limit often stop in the same round
         children = [swarm.start_peer(i, ["--minutes", f"{0.25 + 0.1 * i:.2f}"]) for i in range(PEERS)]

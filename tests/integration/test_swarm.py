@@ -87,11 +87,26 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
     # 5 in five runs; its first can still miss, as heartbeats lag). Without that, views disagreed
     # for many rounds while its heartbeat spread: it merged in 1 of its first 5 rounds.
     assert sum(merged[:5]) >= 3, f"merged in {sum(merged[:5])} of its first 5 rounds"
+    # It leaves in step too: its time bound named its last round ahead, so the others' groups
+    # leave it out from then on, and their exchanges meet whole while it waits for the final
+    # agreement (in one run every one of theirs, about 1,000 each; without that, 32 of 80).
+    stopped_at = late[-1].unix_time
+    since = [
+        e for i in range(3) for r in rounds_of(tmp_path, i) if r.unix_time > stopped_at for e in r.exchanges
+    ]
+    whole = sum(e.ok and not e.left_out and not e.own_parts and not e.late_parts for e in since)
+    assert since and whole >= 0.75 * len(since), f"after the late peer stopped: {whole} of {len(since)} whole"
     finals = [final_of(tmp_path, i) for i in range(4)]
     assert all(f is not None for f in finals)
     losses = [f.val_loss for f in finals if f is not None and f.val_loss is not None]
     assert len(losses) == 4, finals  # every final record carries the evaluated loss
-    assert abs(losses[3] - sum(losses[:3]) / 3) < 0.1, losses
+    # It ends on the four-way mean of the final agreement, better than its own model. The others
+    # train on at full speed after it stops (its leave is named ahead), so their own models may
+    # end more than final_max_loss_increase better than that mean, and they keep their own.
+    late_final = finals[3]
+    assert late_final is not None and late_final.agreement is not None, late_final
+    assert late_final.agreement.group_size == 4 and not late_final.kept_own, late_final
+    assert late_final.own_val_loss is not None and losses[3] < late_final.own_val_loss, late_final
     for c in children:
         assert group_gone(c.pid)
     assert held and not remaining(held)

@@ -1,4 +1,5 @@
-"""A newcomer's entry into the groups (net/entry.py): a round named ahead, which every view applies."""
+"""A newcomer's entry into the groups, and a leave for a time bound (net/entry.py): rounds named
+ahead, which every view applies."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ from p2p_trainer.net.entry import (
     MAX_ENTRY_ROUNDS,
     GroupEntry,
     RoundPace,
+    TimeBound,
     entry_round,
+    has_left,
+    in_groups,
 )
 from p2p_trainer.net.network_exchange import NetworkExchange
 from p2p_trainer.net.records import Heartbeat, RecordError
 from p2p_trainer.net.transport import Transport
 
 
-def beat(peer: str, rnd: int, started: float, enters: int = 0) -> Heartbeat:
+def beat(peer: str, rnd: int, started: float, enters: int = 0, leaves: int = 0) -> Heartbeat:
     b = Heartbeat(peer, rnd, 0, None, 0.0, "0.1.0", started + 0.5, round_started=started)
-    return replace(b, enters_round=enters)
+    return replace(b, enters_round=enters, leaves_round=leaves)
 
 
 def test_a_long_round_is_entered_at_once_and_short_ones_after_the_heartbeat_has_spread() -> None:
@@ -103,6 +107,69 @@ def test_the_entry_round_travels_in_the_heartbeat_and_is_bounded() -> None:
         raw = replace(b, enters_round=bad)  # type: ignore[arg-type]
         with pytest.raises(RecordError, match="enters_round"):
             Heartbeat.decode(raw.encode())
+
+
+def test_the_leave_round_travels_in_the_heartbeat_and_is_bounded() -> None:
+    b = beat("a", 10, 100.0, leaves=14)
+    assert Heartbeat.decode(b.encode()).leaves_round == 14
+    assert b"leaves_round" not in beat("a", 10, 100.0).encode()
+    assert Heartbeat.decode(beat("a", 10, 100.0).encode()).leaves_round == 0
+    for bad in (-1, True, 1.5, 1 << 40, "14"):
+        raw = replace(b, leaves_round=bad)  # type: ignore[arg-type]
+        with pytest.raises(RecordError, match="leaves_round"):
+            Heartbeat.decode(raw.encode())
+
+
+def test_groups_count_a_peer_from_its_entry_round_and_before_its_leave_round() -> None:
+    assert in_groups(beat("a", 10, 100.0), 0) and in_groups(beat("a", 10, 100.0), 10**6)
+    newcomer = beat("a", 10, 100.0, enters=12)
+    assert [in_groups(newcomer, r) for r in (11, 12, 13)] == [False, True, True]
+    leaving = beat("a", 10, 100.0, leaves=14)
+    assert [in_groups(leaving, r) for r in (0, 13, 14, 15)] == [True, True, False, False]
+    both = beat("a", 10, 100.0, enters=12, leaves=14)
+    assert [in_groups(both, r) for r in (11, 12, 13, 14)] == [False, True, True, False]
+
+    # a heartbeat keeps the last round its peer began: in that round it is leaving, past it gone
+    assert [has_left(leaving, r) for r in (12, 13, 14)] == [False, True, True]
+    assert not has_left(newcomer, 10**6)
+
+
+def test_a_time_bound_names_the_first_round_that_starts_past_it_once_it_is_near() -> None:
+    bound = TimeBound(deadline=100.0, notice_s=5.0)
+    # more than the notice before the bound: nothing named, no stop
+    assert bound.leave_round(94.9, 40, remaining_s=0.3, round_s=1.0) is None
+    assert not bound.over(40)
+    # 5 s before the bound, round 40's exchange in 0.3 s, then one every second: rounds 41 to 44
+    # start before the bound, and 45's at 100.3 s
+    assert bound.leave_round(95.0, 40, remaining_s=0.3, round_s=1.0) == 45
+    assert bound.leave_round(96.0, 41, remaining_s=0.3, round_s=1.0) is None  # named once
+    assert not bound.over(44)  # round 44's exchange still counts this peer
+    assert bound.over(45)  # its leave round: stop, it takes no part in it
+
+
+def test_a_time_bound_leaves_the_round_whose_exchange_starts_past_it_at_once() -> None:
+    # a long round: its exchange would start after the bound, so it is left out and the peer
+    # stops now; the inner steps it would make until the bound would reach no exchange
+    bound = TimeBound(deadline=100.0, notice_s=5.0)
+    assert bound.leave_round(95.0, 40, remaining_s=30.0, round_s=40.0) == 40
+    assert bound.over(40)
+    # in round 0 too (a leave named 0 is not "none named": it is not named again)
+    first = TimeBound(deadline=100.0, notice_s=5.0)
+    assert first.leave_round(95.0, 0, remaining_s=30.0, round_s=0.0) == 0 and first.over(0)
+    assert first.leave_round(95.5, 0, remaining_s=29.5, round_s=0.0) is None
+    # named late (the bound already passed): the current round, and a stop
+    late = TimeBound(deadline=100.0, notice_s=5.0)
+    assert late.leave_round(101.0, 7, remaining_s=0.0, round_s=1.0) == 7 and late.over(7)
+
+
+def test_a_time_bound_leaves_where_it_is_if_its_rounds_run_slower_than_planned() -> None:
+    bound = TimeBound(deadline=100.0, notice_s=5.0)
+    assert bound.leave_round(95.0, 40, remaining_s=0.3, round_s=1.0) == 45
+    assert bound.leave_round(104.9, 42, remaining_s=0.3, round_s=1.0) is None and not bound.over(42)
+    # the notice past the bound: it names the round it is in, so the others stop counting on it
+    assert bound.leave_round(105.0, 42, remaining_s=0.3, round_s=1.0) == 42 and bound.over(42)
+    none = TimeBound(deadline=math.inf, notice_s=5.0)  # no bound: never named, never over
+    assert none.leave_round(1e12, 3, 0.0, 1.0) is None and not none.over(3)
 
 
 def _exchange(outside_groups: set[str], entered_from: int) -> NetworkExchange:

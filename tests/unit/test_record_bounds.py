@@ -383,3 +383,33 @@ def test_this_peers_own_heartbeat_does_not_count_twice_in_the_median() -> None:
     liar = [beat("me", 50), beat("a", 50), beat("liar", 10**9)]
     kept = bound_heartbeats(liar, 50, NOW, BOUNDS, ReplayFilter(forget_after_s=8.0), NOW - 5.0, "me")
     assert [b.peer_id for b in kept] == ["a", "me"]
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_peer_stopped_for_its_time_bound_judges_no_round_by_its_own(stopped: bool) -> None:
+    """net/entry.py: the last peer still training trains alone at full speed, far past the round
+    where the others stopped; neither a stopped peer's heartbeat nor the own round of a view in its
+    last round (or stopped there) may make its heartbeat look implausible, or the final
+    agreement's member lists differ."""
+    from p2p_trainer.config import SecurityConfig
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, other_stopped, trainer = SIGNERS[:3]
+    node = FakeNode(me)
+    now = records.now()
+    for signer, rnd, leaves in ((other_stopped, 200, 201), (trainer, 450, 0)):
+        hb = Heartbeat(signer.peer_id, rnd, 0, None, 5000.0, "0.1.0", now, round_started=now - 1)
+        records.publish_heartbeat(node, "run", replace(hb, leaves_round=leaves), 30, signer)
+    view = SwarmView(node, "run", period_s=60.0, ttl_s=8.0, security=SecurityConfig(round_window=100))  # type: ignore[arg-type]
+    try:
+        view.enter_round(299)
+        if stopped:
+            view.leave_groups_at(300)
+        view._refresh()
+        seen = {h.peer_id for h in view.heartbeats()}
+        # stopped: the median is the trainer's own round; training at 299, this peer's round is
+        # the lower median of 299 and 450, and 450 is over 100 rounds past it
+        assert (trainer.peer_id in seen) is stopped
+        assert other_stopped.peer_id in seen
+    finally:
+        view.close()

@@ -291,6 +291,27 @@ def test_only_a_fresh_round_zero_heartbeat_marks_a_peer_as_joining(dht: hivemind
         view.close()
 
 
+def test_the_view_leaves_out_of_a_rounds_groups_the_peers_that_named_it_ahead(dht: hivemind.DHT) -> None:
+    """`SwarmView.outside_groups` (net/entry.py): a newcomer before its entry round and a leaving
+    peer from its leave round on, by their heartbeats; this peer by its own status."""
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me = PEER_D
+    publish(dht, "named", heartbeat(PEER_A, round=9), ttl_s=30)
+    publish(dht, "named", heartbeat(PEER_B, round=9, enters_round=12), ttl_s=30)
+    publish(dht, "named", heartbeat(PEER_C, round=9, leaves_round=11), ttl_s=30)
+    view = SwarmView(_Node(dht, me), "named", period_s=60.0, ttl_s=8.0)  # type: ignore[arg-type]
+    try:
+        assert view.outside_groups(10) == {PEER_B}
+        assert view.outside_groups(11) == {PEER_B, PEER_C}
+        assert view.outside_groups(12) == {PEER_C}
+        view.leave_groups_at(13)
+        assert view.status.leaves_round == 13
+        assert view.outside_groups(12) == {PEER_C} and view.outside_groups(13) == {PEER_C, me}
+    finally:
+        view.close()
+
+
 def test_constant_work_counts_a_peer_out_only_by_a_fresh_round_zero_heartbeat() -> None:
     """The peers a constant-work round is shared among (`join._training_peers`) leave out a
     joiner, as the view does, and by the same rule (`at_round_zero`): a round-0 heartbeat older

@@ -115,9 +115,15 @@ class Defence:
     penalties: Penalties = field(compare=False)
     weight_floor: float = 1.0
     """One full round's weight for an honest peer (the weight bound's floor, §10)."""
+    stretch: bool = True
+    """Whether the update bounds stretch with the others' weight over this member's: in a
+    round, weights are tokens and a short round's update is shorter. Off in the final agreement,
+    whose weights say how recent a model is (an early stopper's 0.01), not how far it moved."""
 
     @classmethod
-    def of(cls, cfg: SecurityConfig, penalties: Penalties, weight_floor: float = 1.0) -> Defence:
+    def of(
+        cls, cfg: SecurityConfig, penalties: Penalties, weight_floor: float = 1.0, stretch: bool = True
+    ) -> Defence:
         return cls(
             cfg.update_ratio_max,
             cfg.cosine_min,
@@ -127,6 +133,7 @@ class Defence:
             cfg.robust_mean,
             penalties,
             weight_floor,
+            stretch,
         )
 
     def max_weight(self, own_weight: float) -> float:
@@ -317,6 +324,8 @@ class PartChecks:
     def _stretch(self, weight: float, count: int) -> float:
         """How many times this member's weight the others' (mean) weight is, at least 1: a member
         whose round was short (a joiner's first) holds longer rounds to a longer bound."""
+        if not self.defence.stretch:
+            return 1.0
         others = (weight - self.weight) / (count - 1) if count > 1 else weight
         return max(1.0, others / self.weight) if self.weight > 0 else 1.0
 

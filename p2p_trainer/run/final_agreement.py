@@ -4,7 +4,8 @@ During training the peers' anchors φ only approach each other (groups mix a few
 background exchanges land a round late), so without this step a user would have N slightly
 different models and no single one that is the swarm's. A peer whose run ends normally (its
 rounds are done or its time bound passed) therefore takes part in one blocking exchange of φ with
-every live peer (group `ALL`, equal weights, full quorum), then saves and evaluates the result.
+every live peer (group `ALL`, full quorum), then saves and evaluates the result. The weights are
+equal, except that a peer that stopped while others train on counts little (`final_weight`).
 
 Meeting: the exchange's key is the tag "final" and the run's configured round count, not the
 round a peer stopped at, so peers stopped by a time bound after different numbers of rounds
@@ -45,6 +46,8 @@ import torch
 from p2p_trainer.algo.methods import RoundReport, merged_fully
 from p2p_trainer.config import RunConfig
 from p2p_trainer.exchange.interface import ALL, ExchangeRequest, ExchangeResult, Failed, Ok
+from p2p_trainer.net.entry import has_left
+from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.round_log import ExchangeRecord
 from p2p_trainer.train.trainer import Peer
 from p2p_trainer.train.workload import seed_weights
@@ -59,6 +62,12 @@ POLL_S = 0.2
 """How often the wait checks for a stop signal."""
 FINAL_ATTEMPTS = 3
 """Most meetings of one final agreement (the first and the retries after an incomplete one)."""
+EARLY_WEIGHT = 0.01
+"""The final weight of a peer that stopped while others train on (`final_weight`), against 1 for
+the others: its model is older than theirs, and everything it learnt is in theirs already."""
+STALE_PERIODS = 4.0
+"""Heartbeat periods the others must train on after a peer stopped for its model to count as
+older in the final mean (`final_weight`): well past a view's lag of a period or two."""
 
 
 def wants_final_agreement(cfg: RunConfig) -> bool:
@@ -77,21 +86,66 @@ def seed_reference(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
     return seed_weights(cfg)
 
 
-def final_request(cfg: RunConfig, reference: tuple[torch.Tensor, ...] | None = None) -> ExchangeRequest:
-    """The final exchange: all live peers, equal weights (the plain mean), everyone awaited for at
+def training_on(beats: list[Heartbeat], self_id: str, last_round: int) -> list[str]:
+    """The other live peers still training: not in or past their last round, whether one named
+    by a time bound (`has_left`, net/entry.py) or the run's last."""
+    return [
+        b.peer_id
+        for b in beats
+        if b.peer_id != self_id and not has_left(b, b.round) and b.round + 1 < last_round
+    ]
+
+
+def wait_for_the_others(
+    beats: Callable[[], list[Heartbeat]],
+    self_id: str,
+    last_round: int,
+    limit_s: float,
+    stopped: Callable[[], bool],
+) -> float:
+    """Block until no other live peer trains on (`training_on`), `limit_s` passes or `stopped`;
+    the seconds waited."""
+    t0 = time.monotonic()
+    while training_on(beats(), self_id, last_round) and time.monotonic() - t0 < limit_s and not stopped():
+        time.sleep(POLL_S)
+    return time.monotonic() - t0
+
+
+def final_weight(waited_s: float, stale_s: float) -> float:
+    """This peer's weight in the final mean: `EARLY_WEIGHT` where the others trained on for
+    `stale_s` or longer after it stopped (`wait_for_the_others`), else 1.
+
+    With equal weights, an early stopper's older model pulled the others' back, by more than
+    `final_max_loss_increase`: they then kept their own, and the swarm ended on no one model. Its
+    own learning is in their models already (they merged with it until it left). Each peer lowers
+    only its own weight, which a receiver's bound (at most `weight_ratio_max` × 1, §10) accepts.
+    Peers that stop within `stale_s` of each other keep equal weights, so that the final mean of
+    gossip methods still averages their different models."""
+    return EARLY_WEIGHT if waited_s >= stale_s else 1.0
+
+
+def final_request(
+    cfg: RunConfig,
+    reference: tuple[torch.Tensor, ...] | None = None,
+    weight: float = 1.0,
+    waited_s: float = 0.0,
+) -> ExchangeRequest:
+    """The final exchange: all live peers, weighted by `weight` (`final_weight`; all 1: the plain
+    mean), everyone awaited for at
     most `final_wait_s`, then at most `exchange.timeout_s` (one exchange's bound) for the transfer.
 
     Always float32 on the wire: the result is the model the user keeps. Contributions and results
     are bounded (§10) against `reference`, the weights every peer started from: by default the
     seed's model (`seed_reference`); a workload of one's own gives its initial weights.
     """
-    wait_s = cfg.exchange.final_wait_s
+    # `wait_for_the_others` took at most half: the exchange keeps the rest, and at least half
+    wait_s = cfg.exchange.final_wait_s - min(waited_s, cfg.exchange.final_wait_s / 2)
     return ExchangeRequest(
         FINAL_TAG,
         cfg.rounds,
         ALL,
-        weight=1.0,
-        weight_floor=1.0,  # equal weights: a larger claim is a lie (§10)
+        weight=weight,
+        weight_floor=1.0,  # a weight over 1 is a lie (§10)
         timeout_s=wait_s + cfg.exchange.timeout_s,
         quorum_fraction=1.0,
         quorum_wait_s=wait_s,

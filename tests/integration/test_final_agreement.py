@@ -13,7 +13,7 @@ import torch
 
 from p2p_trainer.config import to_toml
 from p2p_trainer.processes import group_gone, wait_all
-from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR
+from p2p_trainer.run.final_agreement import BEFORE_FINAL_DIR, EARLY_WEIGHT
 from p2p_trainer.train.checkpoint import read_anchor
 from p2p_trainer.train.snapshots import list_snapshots, load_snapshot
 from tests.conftest import SwarmFactory, Tracker, final_of, rounds_of, tiny_config, wait_until
@@ -27,12 +27,15 @@ def test_peers_stopped_by_time_at_different_rounds_end_with_the_mean(
     local_swarm: SwarmFactory, tmp_path: Path
 ) -> None:
     """The peers stop on --minutes several seconds apart, so after different numbers of rounds
-    and with different anchors (each round's merge moves them), and still meet.
+    and with different anchors (each round's merge moves them), and still meet. A peer that
+    stopped while the others trained on for long enough says so in its log and counts
+    `EARLY_WEIGHT` in the mean.
 
     Each leaves the groups at a round named ahead (net/entry.py), so the last one trains its last
-    seconds alone at full speed, hundreds of tiny rounds, and its own model can end more than the
-    default 0.02 better than the mean; whether it then keeps its own is `keep_the_better`'s test
-    (tests/unit/test_final_agreement.py). This one is about the meeting: every peer adopts the mean."""
+    seconds alone at full speed, hundreds of tiny rounds; where the timing gives two peers equal
+    weights, its own model can end more than the default 0.02 better than their mean. Whether it
+    then keeps its own is `keep_the_better`'s test (tests/unit/test_final_agreement.py); this one
+    is about the meeting, so every peer adopts the mean."""
     cfg = tiny_config("noloco", rounds=100_000, final_wait_s=60.0, final_max_loss_increase=10.0)
     swarm = local_swarm(cfg, PEERS)
     try:
@@ -53,7 +56,17 @@ def test_peers_stopped_by_time_at_different_rounds_end_with_the_mean(
         assert len(snaps) == 1, f"peer{i} saved no copy of its own model"
         own.append(load_snapshot(snaps[0].path))
     assert any(not torch.equal(a, b) for a, b in zip(own[0], own[-1], strict=True)), "nothing to agree on"
-    mean = [torch.stack(parts).mean(0) for parts in zip(*own, strict=True)]
+    early = [
+        "counts 0.01 in the final mean" in (tmp_path / f"peer{i}" / "log.txt").read_text()
+        for i in range(PEERS)
+    ]
+    # the first stops 12 s before the last: more than 4 view periods (8 s) of others training on
+    assert early[0] and not early[-1], early
+    weights = [EARLY_WEIGHT if e else 1.0 for e in early]
+    mean = [
+        sum(w * p for w, p in zip(weights, parts, strict=True)) / sum(weights)
+        for parts in zip(*own, strict=True)
+    ]
     for i in range(PEERS):
         anchor = read_anchor(tmp_path / f"peer{i}" / "checkpoint.safetensors")
         for a, m in zip(anchor, mean, strict=True):

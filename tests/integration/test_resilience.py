@@ -124,8 +124,11 @@ def _survivors_ok(swarm: Swarm, survivors: list[int], label: str) -> float:
         jumps = {(a.round + 1, b.round) for a, b in itertools.pairwise(rounds) if b.round != a.round + 1}
         assert rounds[0].round == 0 and jumps <= adopted, f"{label}: peer{i} skipped rounds {jumps - adopted}"
         pauses.append(_max_pause(rounds))
-        # peers that stop by wall time stop a few rounds apart: judge the rounds before the last four
-        share = _merged_share(rounds[-12:-4])
+        # peers that stop by wall time stop seconds apart, and the last trains on alone at full
+        # speed once the others left the groups (net/entry.py): judge the rounds before the first
+        # survivor stopped, less the last four
+        first_stop = min(swarm.rounds(k)[-1].unix_time for k in survivors)
+        share = _merged_share([r for r in rounds if r.unix_time <= first_stop][-12:-4])
         assert share >= 0.6, f"{label}: peer{i} merges with the others in only {share:.0%} of the last rounds"
     bound = swarm.cfg.exchange.pause_bound_s
     after_start = max(_max_pause(swarm.rounds(i)[1:]) for i in survivors)  # round 0 absorbs start-up skew

@@ -100,13 +100,14 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
     assert all(f is not None for f in finals)
     losses = [f.val_loss for f in finals if f is not None and f.val_loss is not None]
     assert len(losses) == 4, finals  # every final record carries the evaluated loss
-    # It ends on the four-way mean of the final agreement, better than its own model. The others
-    # train on at full speed after it stops (its leave is named ahead), so their own models may
-    # end more than final_max_loss_increase better than that mean, and they keep their own.
+    # It ends on the final agreement's mean, better than its own model, near the others: they
+    # train on at full speed after it stops (its leave is named ahead), and its older model counts
+    # little in that mean (run/final_agreement.py `final_weight`).
     late_final = finals[3]
     assert late_final is not None and late_final.agreement is not None, late_final
     assert late_final.agreement.group_size == 4 and not late_final.kept_own, late_final
     assert late_final.own_val_loss is not None and losses[3] < late_final.own_val_loss, late_final
+    assert abs(losses[3] - sum(losses[:3]) / 3) < 0.1, losses
     for c in children:
         assert group_gone(c.pid)
     assert held and not remaining(held)

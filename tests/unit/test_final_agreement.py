@@ -16,14 +16,20 @@ from p2p_trainer.config import ExchangeConfig, RunConfig
 from p2p_trainer.exchange.inprocess import InProcessSwarm
 from p2p_trainer.exchange.interface import ALL
 from p2p_trainer.net.network_exchange import NetworkExchange
+from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.transport import Transport
 from p2p_trainer.round_log import ExchangeRecord
 from p2p_trainer.run.final_agreement import (
+    EARLY_WEIGHT,
     FINAL_TAG,
+    POLL_S,
     agree,
     final_request,
+    final_weight,
     keep_the_better,
+    training_on,
+    wait_for_the_others,
     wants_final_agreement,
 )
 from p2p_trainer.train.data import load_corpus
@@ -59,6 +65,62 @@ def _agree_all(peers: list[Peer], cfg: RunConfig) -> list[ExchangeRecord]:
         t.join(timeout=30)
     assert all(r is not None for r in records)
     return [r for r in records if r is not None]
+
+
+def _beat(peer: str, rnd: int, leaves: int = 0) -> Heartbeat:
+    return dataclasses.replace(Heartbeat(peer, rnd, 0, None, 0.0, "0.1.0", 0.0), leaves_round=leaves)
+
+
+def test_the_peers_training_on_are_those_short_of_their_last_round() -> None:
+    last = 100_000
+    beats = [
+        _beat("me", 299),
+        _beat("b", 310),  # no stop named
+        _beat("c", 310, leaves=320),  # a stop named, not there yet
+        _beat("d", 319, leaves=320),  # in its last round
+        _beat("e", last - 1),  # in the run's last round
+    ]
+    assert training_on(beats, "me", last) == ["b", "c"]
+
+
+def test_a_peer_that_stopped_while_others_trained_on_counts_little_in_the_final_mean() -> None:
+    assert final_weight(0.0, stale_s=8.0) == 1.0
+    assert final_weight(7.9, stale_s=8.0) == 1.0  # stopped with the others, give or take a view's lag
+    assert final_weight(8.0, stale_s=8.0) == EARLY_WEIGHT
+    # it waits for the others to stop, and for no longer than its limit
+    views = iter([[_beat("b", 310)], [_beat("b", 310)], [_beat("b", 319, leaves=320)]])
+    t0 = time.monotonic()
+    assert wait_for_the_others(lambda: next(views), "me", 100_000, 30.0, lambda: False) < 5.0
+    assert time.monotonic() - t0 >= 2 * POLL_S
+    waited = wait_for_the_others(lambda: [_beat("b", 310)], "me", 100_000, 0.5, lambda: False)
+    assert 0.5 <= waited < 2.0
+    assert wait_for_the_others(lambda: [_beat("b", 310)], "me", 100_000, 30.0, lambda: True) < 1.0
+
+
+def test_the_final_mean_weights_each_peer_as_it_asks() -> None:
+    cfg = tiny_config("diloco", rounds=2)
+    peers = _peers(cfg, 3)
+    weights = [EARLY_WEIGHT, 1.0, 1.0]
+    anchors = [[a.clone() for a in p.state.anchor] for p in peers]
+    records: list[ExchangeRecord | None] = [None] * 3
+
+    def run(i: int) -> None:
+        records[i] = agree(peers[i], final_request(cfg, weight=weights[i]), lambda: False)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert all(r is not None and r.ok for r in records), records
+    total = sum(weights)
+    for k, mine in enumerate(peers[0].state.anchor):
+        expected = sum(w * a[k] for w, a in zip(weights, anchors, strict=True)) / total
+        torch.testing.assert_close(mine, expected, atol=1e-6, rtol=1e-5)
+        # the early peer's older model barely moves the others' (peer i's anchor is shifted by i)
+        assert (mine - (anchors[1][k] + anchors[2][k]) / 2).abs().max() < 0.01
+        for p in peers[1:]:
+            torch.testing.assert_close(p.state.anchor[k], mine)
 
 
 def test_on_for_communicating_methods_off_for_independent() -> None:

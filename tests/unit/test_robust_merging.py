@@ -414,6 +414,27 @@ def test_a_short_round_holds_a_full_rounds_update_to_a_longer_bound() -> None:
     assert checks.contribution(1, full, 100.0) is not None  # the same update behind a short round
 
 
+def test_the_final_agreements_weights_do_not_stretch_the_bounds() -> None:
+    """An early stopper counts 0.01 in the final mean (run/final_agreement.py): that says how
+    recent its model is, not how far it moved, so the others' 100 times its weight must not
+    loosen its bounds 100 times."""
+    own = np.full(4, 0.1)
+    full = np.full(4, 1.0)  # ten times this member's update
+    for stretch, accepted in ((True, True), (False, False)):
+        checks = PartChecks(
+            Defence.of(SecurityConfig(), Penalties(1.0), stretch=stretch),
+            ["me", "partner"],
+            0,
+            "k",
+            np.concatenate([own, own]),
+            torch.empty(0),
+            part_bounds(8, 2),
+            lambda values: ("f4", values),
+            weight=0.01,
+        )
+        assert (checks.contribution(1, full, 1.0) is None) == accepted, stretch
+
+
 def test_a_robust_means_result_is_held_to_the_contribution_floor() -> None:
     """A trimmed mean of three or more may leave a member's own update out, so its honest result
     can point somewhat against that update; a weighted mean, which includes it, cannot. A result

@@ -396,19 +396,24 @@ def test_an_owner_reversing_its_result_is_caught_by_direction(defences: bool) ->
             torch.testing.assert_close(res.tensors[0][lo:hi], -mean[lo:hi])
 
 
-def test_a_short_round_holds_a_full_rounds_update_to_a_longer_bound() -> None:
-    own = np.full(4, 0.1)  # a joiner's first round: a tenth of the steps
-    checks = PartChecks(
-        Defence.of(SecurityConfig(), Penalties(1.0)),
+def _pair_checks(own: np.ndarray, weight: float, defence: Defence) -> PartChecks:
+    """This member's checks in a pair, its vector `own` twice over, against a zero reference."""
+    return PartChecks(
+        defence,
         ["me", "partner"],
         0,
         "k",
         np.concatenate([own, own]),
         torch.empty(0),
-        part_bounds(8, 2),
+        part_bounds(2 * own.size, 2),
         lambda values: ("f4", values),
-        weight=100.0,
+        weight=weight,
     )
+
+
+def test_a_short_round_holds_a_full_rounds_update_to_a_longer_bound() -> None:
+    own = np.full(4, 0.1)  # a joiner's first round: a tenth of the steps
+    checks = _pair_checks(own, 100.0, Defence.of(SecurityConfig(), Penalties(1.0)))
     full = np.full(4, 1.0)  # ten times the joiner's update, behind ten times its tokens
     assert checks.contribution(1, full, 1000.0) is None
     assert checks.contribution(1, full, 100.0) is not None  # the same update behind a short round
@@ -421,17 +426,7 @@ def test_the_final_agreements_weights_do_not_stretch_the_bounds() -> None:
     own = np.full(4, 0.1)
     full = np.full(4, 1.0)  # ten times this member's update
     for stretch, accepted in ((True, True), (False, False)):
-        checks = PartChecks(
-            Defence.of(SecurityConfig(), Penalties(1.0), stretch=stretch),
-            ["me", "partner"],
-            0,
-            "k",
-            np.concatenate([own, own]),
-            torch.empty(0),
-            part_bounds(8, 2),
-            lambda values: ("f4", values),
-            weight=0.01,
-        )
+        checks = _pair_checks(own, 0.01, Defence.of(SecurityConfig(), Penalties(1.0), stretch=stretch))
         assert (checks.contribution(1, full, 1.0) is None) == accepted, stretch
 
 

@@ -124,6 +124,37 @@ def final_weight(waited_s: float, stale_s: float) -> float:
     return EARLY_WEIGHT if waited_s >= stale_s else 1.0
 
 
+def others_wait_s(cfg: RunConfig) -> float:
+    """The longest `wait_for_the_others` before the final exchange: half of `final_wait_s`, so
+    that the exchange, which loses what was waited (`final_request`), keeps at least the rest."""
+    return cfg.exchange.final_wait_s / 2
+
+
+def stopped_early_weight(
+    cfg: RunConfig,
+    own_round: int,
+    beats: Callable[[], list[Heartbeat]],
+    self_id: str,
+    stopped: Callable[[], bool],
+) -> tuple[float, float]:
+    """A peer's weight in the final mean and the seconds it waited for the others first: a peer
+    stopped by its time bound (short of the run's rounds) waits for the others to stop
+    (`wait_for_the_others`), and counts `EARLY_WEIGHT` if they trained on long enough
+    (`final_weight`); one whose rounds are done counts 1 at once."""
+    if own_round >= cfg.rounds:
+        return 1.0, 0.0
+    waited_s = wait_for_the_others(beats, self_id, cfg.rounds, others_wait_s(cfg), stopped)
+    weight = final_weight(waited_s, STALE_PERIODS * cfg.network.view_period_s)
+    if weight < 1.0:
+        logger.info(
+            "the others trained on for %.1f s after this peer stopped: its older model counts "
+            "%.2f in the final mean, theirs 1 each",
+            waited_s,
+            weight,
+        )
+    return weight, waited_s
+
+
 def final_request(
     cfg: RunConfig,
     reference: tuple[torch.Tensor, ...] | None = None,
@@ -131,15 +162,15 @@ def final_request(
     waited_s: float = 0.0,
 ) -> ExchangeRequest:
     """The final exchange: all live peers, weighted by `weight` (`final_weight`; all 1: the plain
-    mean), everyone awaited for at
-    most `final_wait_s`, then at most `exchange.timeout_s` (one exchange's bound) for the transfer.
+    mean), everyone awaited for at most `final_wait_s` less the `waited_s` spent waiting for the
+    others before it (`others_wait_s` at most), then at most `exchange.timeout_s` (one exchange's
+    bound) for the transfer.
 
     Always float32 on the wire: the result is the model the user keeps. Contributions and results
     are bounded (§10) against `reference`, the weights every peer started from: by default the
     seed's model (`seed_reference`); a workload of one's own gives its initial weights.
     """
-    # `wait_for_the_others` took at most half: the exchange keeps the rest, and at least half
-    wait_s = cfg.exchange.final_wait_s - min(waited_s, cfg.exchange.final_wait_s / 2)
+    wait_s = cfg.exchange.final_wait_s - min(waited_s, others_wait_s(cfg))
     return ExchangeRequest(
         FINAL_TAG,
         cfg.rounds,

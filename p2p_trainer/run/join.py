@@ -42,12 +42,10 @@ from p2p_trainer.round_log import DropCount, FinalRecord, ResumeRecord, StartRec
 from p2p_trainer.run.entry_paths import RegainSight, Rejoin, late_join, skipped_s, trained_before
 from p2p_trainer.run.final_agreement import (
     BEFORE_FINAL_DIR,
-    STALE_PERIODS,
     agree,
     final_request,
-    final_weight,
     keep_the_better,
-    wait_for_the_others,
+    stopped_early_weight,
     wants_final_agreement,
 )
 from p2p_trainer.run.progress_file import PROGRESS_FILE, Progress, ProgressFile
@@ -487,20 +485,9 @@ def finish(j: Joined, stopped: bool, stop_requested: Callable[[], bool] = lambda
     mean_loss: float | None = None
     if not stopped and wants_final_agreement(cfg):
         reference = peer.workload.initial_weights()
-        waited_s = 0.0
-        if peer.state.round < cfg.rounds:  # stopped by its time bound: some may train on
-            # half the final's wait at most: the exchange keeps the other half for the meeting
-            waited_s = wait_for_the_others(
-                j.view.heartbeats, j.node.peer_id, cfg.rounds, cfg.exchange.final_wait_s / 2, stop_requested
-            )
-        weight = final_weight(waited_s, STALE_PERIODS * cfg.network.view_period_s)
-        if weight < 1.0:
-            logger.info(
-                "the others trained on for %.1f s after this peer stopped: its older model counts "
-                "%.2f in the final mean, theirs 1 each",
-                waited_s,
-                weight,
-            )
+        weight, waited_s = stopped_early_weight(
+            cfg, peer.state.round, j.view.heartbeats, j.node.peer_id, stop_requested
+        )
         request = final_request(cfg, reference, weight, waited_s)
         agreement = agree(peer, request, stop_requested, cfg.network.view_period_s)
         if agreement.merged:

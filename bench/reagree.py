@@ -35,11 +35,12 @@ DEFAULT = "default"
 """--method value for the shipped default run's outer loop and exchange."""
 
 
-def config(method: str, rounds: int, h: int) -> RunConfig:
+def config(method: str, rounds: int, h: int, seed: int = 0) -> RunConfig:
     """A small model, so that a churned and a fault-free swarm run in minutes. `default`: the
-    shipped run's [outer] and [exchange] (overlapped DiLoCo, int8 Δ) with H = `h`."""
+    shipped run's [outer] and [exchange] (overlapped DiLoCo, int8 Δ) with H = `h`. `seed` sets the
+    initial weights and the data order, the same in the churned and the fault-free swarm."""
     cfg = RunConfig(
-        seed=0,
+        seed=seed,
         rounds=rounds,
         model=ModelConfig(d_model=64, n_layers=2, n_heads=2, seq_len=64),
         data=DataConfig(batch_size=8, val_batches=8),
@@ -116,12 +117,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--h", type=int, default=10)
     p.add_argument("--kill", action="append", default=[], help="ROUND:PEER (repeatable).")
     p.add_argument("--agree", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0, help="the run's seed: initial weights and data order")
     p.add_argument("--out", type=Path, default=Path("runs") / "reagree")
     args = p.parse_args(argv)
     kills = [(int(r), int(k)) for r, k in (spec.split(":") for spec in args.kill)]
     if any(not 0 <= k < args.peers for _, k in kills) or len({k for _, k in kills}) == args.peers:
         p.error("--kill ROUND:PEER: PEER must be one of the peers, and someone must survive")
-    cfg = config(args.method, args.rounds, args.h)
+    cfg = config(args.method, args.rounds, args.h, args.seed)
     t0 = time.monotonic()
     survivors = run_swarm(cfg, args.peers, args.out / "churn", kills)
     dist = distances(args.out / "churn", survivors)
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     result = {
         "method": args.method,
+        "seed": args.seed,
         "peers": args.peers,
         "rounds": args.rounds,
         "kills": kills,

@@ -18,8 +18,9 @@ asks for a re-agreement at its first exchange with the others (§1).
 Where three or more rounds pass before the entry, training alone through them is of no use: by
 the entry the newcomer's state would be that many rounds behind the swarm's, and the others'
 contributions would fail its bounds (§10). It waits instead, without training, until half of the
-others' heartbeats show the swarm at its entry round, then downloads the swarm's state again and
-enters with it.
+others' heartbeats show the swarm near its entry round (heartbeats lag by up to a view period),
+then asks a donor which round it serves until that is the entry round, downloads the swarm's state
+again and enters with it, in time for that round's exchange.
 
 A peer that rejoins (`Rejoin`) names no entry round: every view already counts it, by its earlier
 heartbeat, and a later entry would take it out of some views before others (one cut off for longer
@@ -152,6 +153,17 @@ class GroupEntry:
     def refreshes(self) -> bool:
         """Whether the newcomer waits for the swarm and downloads its state again (see the module)."""
         return self.enters - self.adopted >= REFRESH_AFTER_ROUNDS
+
+    def heartbeat_round(self, period_s: float) -> int:
+        """The round half of the others' heartbeats must show before the newcomer asks a donor which
+        round it serves (`await_state_round`). A heartbeat read is up to two view periods behind
+        its peer (published once a period, read once a period), so waiting for the heartbeats to
+        show the entry round itself let the swarm reach it first, and the groups of that round
+        waited out their windows for the newcomer. Never before the round after the adopted one."""
+        if not self.round_s > 0:
+            return self.enters
+        lag = math.ceil(2 * period_s / self.round_s - 1e-9)
+        return max(self.adopted + 1, self.enters - lag)
 
     def wait_limit_s(self, entry_s: float) -> float:
         """The longest wait for the swarm to reach the entry round: three times the planned time,

@@ -253,16 +253,54 @@ def first_download(
 
 def state_header(transport: Transport, donor: str, run_id: str, timeout_s: float) -> tuple[int, str] | Failed:
     """(round, sha256 of the payload) of the state `donor` serves now, without the payload."""
-    try:
-        header, _ = transport.run(_fetch(transport, donor, run_id, 0, timeout_s, header_only=True), timeout_s)
-    except Exception as exc:  # any transport error: the donor cannot confirm
-        return Failed(f"state header from {donor[-8:]} failed: {exc!r}")
+    header = _header(transport, donor, run_id, timeout_s)
+    if isinstance(header, Failed):
+        return header
     fields, digest = check_state_header(header, donor), header.get("sha256")
     if isinstance(fields, Failed):
         return fields
     if not isinstance(digest, str):
         return Failed(f"donor {donor[-8:]} sent no state hash: {str(header)[:200]}")
     return fields[0], digest
+
+
+ROUND_POLLS = 10
+"""Most header requests `await_state_round` makes: each costs the donor a tenth of a state in its
+rate limit (`ServeLimits`), and the download that follows must still fit in it."""
+
+
+def await_state_round(
+    transport: Transport, donor: str, run_id: str, round: int, round_s: float, until: float, timeout_s: float
+) -> int | None:
+    """Wait until `donor` serves `round` or later, or time.monotonic() would pass `until`; the
+    last round it named (None: it did not answer). Each answer says how far into its round the
+    donor is, so with rounds of about `round_s` the next request is timed for the round's start: a
+    few requests, not a poll. A donor's answer is fresh where heartbeats lag by up to a view period;
+    it is one peer's claim, and a wrong one only moves when the state is downloaded, which is
+    checked as ever."""
+    served: int | None = None
+    least_s = max(0.02, round_s / 4)
+    for _ in range(ROUND_POLLS):
+        header = _header(transport, donor, run_id, timeout_s)
+        fields = header if isinstance(header, Failed) else check_state_header(header, donor)
+        if isinstance(fields, Failed):
+            logger.info("waiting for round %d: %s", round, fields.reason.splitlines()[0])
+            return served
+        served, (elapsed_s, _) = fields
+        wait_s = max(least_s, (round - served) * round_s - elapsed_s)
+        if served >= round or time.monotonic() + wait_s > until:
+            return served
+        time.sleep(wait_s)
+    return served
+
+
+def _header(transport: Transport, donor: str, run_id: str, timeout_s: float) -> dict[str, object] | Failed:
+    """The header of the state `donor` serves now, without the payload."""
+    try:
+        header, _ = transport.run(_fetch(transport, donor, run_id, 0, timeout_s, header_only=True), timeout_s)
+    except Exception as exc:  # any transport error: the donor cannot say
+        return Failed(f"state header from {donor[-8:]} failed: {exc!r}")
+    return header
 
 
 def check_state_header(header: dict[str, object], donor: str) -> tuple[int, tuple[float, float]] | Failed:

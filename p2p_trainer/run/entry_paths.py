@@ -20,6 +20,7 @@ from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.state_sync import (
     DonorState,
+    await_state_round,
     catch_up_steps,
     donor_order,
     download_state,
@@ -60,6 +61,7 @@ def late_join(
     attempt = 0
     contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
     entry: GroupEntry | None = None
+    entry_until = 0.0
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
@@ -83,6 +85,18 @@ def late_join(
             # the entry round is timed by the swarm's pace: measured before the download, so that
             # the catch-up (`catch_up_steps`) counts from the moment the state arrives
             view.wait_for_pace(ENTRY_PERIODS * view.period_s)
+        if donors and entry is not None:
+            # downloaded as the swarm begins the entry round: the catch-up then brings this peer to
+            # that round's exchange, which counts it, instead of leaving its group to wait for it
+            await_state_round(
+                transport,
+                donor=donors[0],
+                run_id=run_id,
+                round=entry.enters,
+                round_s=entry.round_s,
+                until=entry_until,
+                timeout_s=net.state_stall_timeout_s,
+            )
         attempt += 1
         if donors:
             faults.reached("download", attempt)
@@ -93,11 +107,16 @@ def late_join(
             adopt_state(peer, state, skip)
             if entry is not None:
                 logger.info(
-                    "entering the groups with the swarm's state of round %d from %s", state.round, donor[-8:]
+                    "entering the groups at round %d with the swarm's state of round %d from %s",
+                    entry.enters,
+                    state.round,
+                    donor[-8:],
                 )
                 return True
             logger.info("late join: adopted round %d from %s, %d steps in", state.round, donor[-8:], skip)
+            adopted_at = time.monotonic()
             entry = enter_groups(peer, view, state)
+            entry_until = adopted_at + entry.wait_limit_s(ENTRY_PERIODS * view.period_s)
             if not entry.refreshes:
                 return True
             continue  # the swarm has reached the entry round: its state again
@@ -114,8 +133,9 @@ def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
     `peer.skip_steps` of its round out; the others learn it from the heartbeat. Rounds are timed
     by the others' heartbeats (`RoundPace`; `late_join` waits for it before it downloads): the
     donor's step time, its claim alone, only says when the adopted round's exchange starts.
-    Where the entry is several rounds away, waits (without training) for the swarm to reach it:
-    the caller then downloads the swarm's state again."""
+    Where the entry is several rounds away, waits (without training) until the others' heartbeats
+    show the swarm near it: the caller then waits for a donor to serve the entry round and
+    downloads the swarm's state again."""
     h = peer.cfg.outer.num_inner_steps
     step_s = peer.timing.t_step_s or state.donor_step_s
     entry_s = ENTRY_PERIODS * view.period_s
@@ -135,16 +155,18 @@ def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
             entry.enters,
         )
         return entry
-    # heartbeats lag their peers, so this waits a little longer than needed; but a state older than
-    # the entry round would leave this peer to train alone up to it, and drift (§10 bounds)
-    reached = view.wait_for_round(entry.enters, entry_s, entry.wait_limit_s(entry_s))
+    # a state older than the entry round would leave this peer to train alone up to it, and drift
+    # (§10 bounds); the caller then waits for a donor to serve the entry round itself. No least
+    # wait: the views leave this peer out before its entry round however soon it downloads
+    near = entry.heartbeat_round(view.period_s)
+    reached = view.wait_for_round(near, 0.0, entry.wait_limit_s(entry_s))
     logger.info(
         "entering the swarm's groups at round %d (rounds of about %.2f s): waited %.1f s for the "
-        "others' views to learn of this peer%s",
+        "swarm to near it%s",
         entry.enters,
         entry.round_s,
         time.monotonic() - t0,
-        "" if reached else " (the swarm had not reached that round)",
+        "" if reached else f" (the swarm had not reached round {near})",
     )
     return entry
 

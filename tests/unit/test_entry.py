@@ -56,6 +56,17 @@ def test_an_entry_several_rounds_ahead_is_waited_for_and_met_with_a_fresh_state(
     assert GroupEntry.plan(40, 0.0, math.inf, 5.0).round_s == 0.0  # a claim that cannot be used
 
 
+def test_the_heartbeat_wait_ends_a_view_period_of_rounds_before_the_entry() -> None:
+    # rounds of 0.1 s and heartbeats read up to 4 s after their peer was there (published, then
+    # read, once a 2 s period each): the swarm can be 40 rounds past what they show
+    assert GroupEntry(40, 88, 0.1).heartbeat_round(2.0) == 48
+    # rounds longer than two periods: one round before the entry
+    assert GroupEntry(40, 45, 5.0).heartbeat_round(2.0) == 44
+    # never the adopted round itself, nor before it; no pace: the entry round
+    assert GroupEntry(40, 45, 0.01).heartbeat_round(2.0) == 41
+    assert GroupEntry(40, 45, 0.0).heartbeat_round(2.0) == 45
+
+
 def test_the_round_pace_is_the_median_of_what_the_peers_heartbeats_show() -> None:
     pace = RoundPace()
     assert pace.round_s("me") == 0.0

@@ -1,0 +1,115 @@
+"""A newcomer waiting for the round it enters at asks a donor which round it serves, over real p2p
+daemons, and its requests are timed by the donor's answers (net/state_sync.py
+`await_state_round`): it learns of the round as it begins, with a few requests."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2p_trainer.algo.methods import OuterState
+from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
+from p2p_trainer.net.state_sync import ROUND_POLLS, StateServer, await_state_round
+from p2p_trainer.net.transport import Transport
+
+pytestmark = pytest.mark.timeout(120)
+
+ROUND_S = 0.4
+RUN = "state-round-test"
+
+
+@pytest.fixture()
+def hosts(tmp_path: Path) -> Iterator[list[tuple[NetNode, Transport]]]:
+    """A donor and a newcomer; everything started is stopped, in reverse."""
+    with contextlib.ExitStack() as stack:
+        started: list[tuple[NetNode, Transport]] = []
+        for i in range(2):
+            peers = tuple(started[0][0].visible_maddrs()) if started else ()
+            node = start_node(DHTConfig(str(tmp_path / f"h{i}.key"), host="127.0.0.1", initial_peers=peers))
+            stack.callback(node.shutdown)
+            transport = Transport(node.dht, 1 << 21, signer=node.signer)
+            stack.callback(transport.close)
+            started.append((node, transport))
+        yield started
+
+
+class Rounds:
+    """A donor that begins a round every ROUND_S, as a training peer publishes its state."""
+
+    def __init__(self, server: StateServer, first: int) -> None:
+        self.server, self.round = server, first
+        self.began: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        state = OuterState.from_params([torch.zeros(64)])
+        while not self._stop.is_set():
+            state.round = self.round
+            self.server.publish(state, step_s=ROUND_S / 5)
+            self.began[self.round] = time.monotonic()
+            self._stop.wait(ROUND_S)
+            self.round += 1
+
+    def __enter__(self) -> Rounds:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def test_a_newcomer_learns_of_its_entry_round_as_it_begins_with_few_requests(
+    hosts: list[tuple[NetNode, Transport]], caplog: pytest.LogCaptureFixture
+) -> None:
+    (_, donor), (_, newcomer) = hosts
+    server = StateServer(donor, RUN)
+    caplog.set_level(logging.INFO, logger="p2p_trainer.net.state_sync")
+    with Rounds(server, first=10) as rounds:
+        time.sleep(0.1)
+        served = await_state_round(newcomer, donor.peer_id, RUN, 15, ROUND_S, time.monotonic() + 20, 5.0)
+        learned = time.monotonic()
+    assert served == 15
+    # it asked after round 15 began, and well within that round: a heartbeat up to a view period
+    # old would have told it rounds later
+    assert 0 <= learned - rounds.began[15] < ROUND_S / 2, learned - rounds.began[15]
+    requests = sum("serving round-" in r.getMessage() for r in caplog.records)
+    # five rounds away: one request to learn where the donor is, one at the round's start, and a
+    # few more where the rounds' starts drift from the pace
+    assert 2 <= requests <= 5, requests
+
+
+def test_waiting_for_a_round_ends_at_the_limit_and_says_where_the_donor_is(
+    hosts: list[tuple[NetNode, Transport]], caplog: pytest.LogCaptureFixture
+) -> None:
+    (_, donor), (_, newcomer) = hosts
+    server = StateServer(donor, RUN)
+    caplog.set_level(logging.INFO, logger="p2p_trainer.net.state_sync")
+    with Rounds(server, first=10):
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        served = await_state_round(newcomer, donor.peer_id, RUN, 100, ROUND_S, t0 + 1.5, 5.0)
+        took = time.monotonic() - t0
+        # a donor whose rounds are far shorter than the pace says is asked at most ROUND_POLLS times
+        far = await_state_round(newcomer, donor.peer_id, RUN, 10_000, 0.0, time.monotonic() + 30, 5.0)
+    assert served is not None and 10 <= served < 100
+    assert took < 1.5
+    assert far is not None and far < 10_000
+    requests = sum("serving round-" in r.getMessage() for r in caplog.records)
+    assert requests <= 1 + ROUND_POLLS + 1, requests
+
+
+def test_a_donor_that_does_not_answer_ends_the_wait_at_once(hosts: list[tuple[NetNode, Transport]]) -> None:
+    (_, donor), (_, newcomer) = hosts  # the donor serves no state for this run
+    StateServer(donor, RUN)
+    t0 = time.monotonic()
+    assert await_state_round(newcomer, donor.peer_id, RUN, 5, ROUND_S, t0 + 20, 5.0) is None
+    assert time.monotonic() - t0 < 5.0

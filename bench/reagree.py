@@ -6,7 +6,9 @@ streams as any local swarm) trains `--rounds` rounds; when the first peer's log 
 survivors' consensus distance (docs/algorithms.md §8) can be followed round by round. Reported:
 the distance before each kill, its peak after it, the rounds it took to fall back below
 `--agree` (0.01), and the survivors' final loss against a fault-free swarm of the survivors' count
-run right after with the same config.
+run right after with the same config. With `--control`, that fault-free swarm runs twice, and the
+difference between its two final losses says how far apart two runs of one configuration end
+(processes on a shared machine do not train in the same order twice).
 
     python -m bench.reagree --method diloco --kill 30:3 --kill 60:4 --out runs/reagree-diloco
     python -m bench.reagree --method factored --kill 30:3 --kill 60:4 --out runs/reagree-factored
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kill", action="append", default=[], help="ROUND:PEER (repeatable).")
     p.add_argument("--agree", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0, help="the run's seed: initial weights and data order")
+    p.add_argument("--control", action="store_true", help="run the fault-free swarm a second time")
     p.add_argument("--out", type=Path, default=Path("runs") / "reagree")
     args = p.parse_args(argv)
     kills = [(int(r), int(k)) for r, k in (spec.split(":") for spec in args.kill)]
@@ -134,6 +137,16 @@ def main(argv: list[str] | None = None) -> None:
         final_losses(args.out / "churn", survivors),
         final_losses(args.out / "fault-free", free_peers),
     )
+    control: dict[str, Any] = {}
+    if args.control:
+        run_swarm(cfg, len(survivors), args.out / "control", [])
+        again = final_losses(args.out / "control", free_peers)
+        control = {
+            "control_final_loss": again,
+            "control_difference": statistics.fmean(again) - statistics.fmean(free_loss)
+            if again and free_loss
+            else None,
+        }
     result = {
         "method": args.method,
         "seed": args.seed,
@@ -148,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         "final_loss_difference": statistics.fmean(churn_loss) - statistics.fmean(free_loss)
         if churn_loss and free_loss
         else None,
+        **control,
         "wall_s": round(time.monotonic() - t0, 1),
     }
     atomic_write_text(args.out / "result.json", json.dumps(result, indent=1))

@@ -92,7 +92,8 @@ class SecurityConfig:
     """Longest an incoming message may take to arrive whole; a stream that stalls is closed."""
     state_serves_per_minute: float = 4.0
     """Full states one peer may download from this one per minute (a burst of this many, then
-    refilled at this rate; net/serve_limits.py). A joiner needs one, a rejoin one more."""
+    refilled at this rate; net/serve_limits.py). A joiner needs one, and a second where it waits
+    to enter (it also asks for a few headers, a tenth each); a rejoin one more."""
     state_serves_concurrent: int = 2
     """Full state transfers this peer runs at once, whoever asks: the uplink it lends joiners."""
     admission: AdmissionMode = "open"

@@ -5,7 +5,8 @@ A full state is the whole model and its momentum, so a joiner that asks again an
 identities that each ask once) could keep this peer's uplink busy for as long as they like. Each
 sender may take `per_minute` full states in any minute (a token bucket: a burst of that many,
 refilled at that rate), and at most `concurrent` full transfers run at once whoever asks. A
-header-only request (a joiner confirming another donor's hash) costs a tenth of a full one. A
+header-only request (a joiner confirming another donor's hash, or asking which round it serves)
+costs a tenth of a full one. A
 refused request is answered with the time to wait, so an honest joiner tries another donor.
 """
 

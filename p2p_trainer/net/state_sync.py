@@ -97,6 +97,9 @@ class StateServer:
         bounds what senders can make this peer upload (None: no bound)."""
         self.transport, self.run_id, self.limits = transport, run_id, limits
         self.snapshot: StateSnapshot | None = None
+        self._digested: tuple[StateSnapshot, int, str] | None = None
+        """The last snapshot serialised, its payload's size and sha256: header-only requests (a
+        joiner confirming a hash, or timing its download) then cost no serialisation."""
         self.faults = faults
         self.served = 0
         self.admits: Callable[[str], bool] = lambda _: True
@@ -137,18 +140,23 @@ class StateServer:
     async def _send(
         self, snap: StateSnapshot, header_only: bool, sender: str, writer: asyncio.StreamWriter
     ) -> None:
-        payload = await asyncio.get_running_loop().run_in_executor(None, _payload, snap)
-        logger.info("serving round-%d state (%d bytes) to %s", snap.round, len(payload), sender[-8:])
+        payload = b""
+        digested = self._digested
+        if digested is None or digested[0] is not snap or not header_only:
+            payload = await asyncio.get_running_loop().run_in_executor(None, _payload, snap)
+            digested = self._digested = (snap, len(payload), hashlib.sha256(payload).hexdigest())
+        log = logger.debug if header_only else logger.info
+        log("serving round-%d state (%d bytes) to %s", snap.round, digested[1], sender[-8:])
         header = {
             "key": "state",
             "round": snap.round,
-            "nbytes": len(payload),
-            "sha256": hashlib.sha256(payload).hexdigest(),
+            "nbytes": digested[1],
+            "sha256": digested[2],
             "round_elapsed_s": time.monotonic() - snap.published_at,
             "step_s": snap.step_s,
         }
         await P2P.send_raw_data(encode_header(header), writer)
-        if header_only:  # a joiner confirming another donor's state hash
+        if header_only:  # a joiner confirming another donor's state hash, or timing its download
             return
         # one length-prefixed frame (P2P.send_raw_data's framing), written in two halves so a fault
         # can strike mid-transfer; memoryview slices, so the state is not copied
@@ -272,25 +280,29 @@ rate limit (`ServeLimits`), and the download that follows must still fit in it."
 def await_state_round(
     transport: Transport, donor: str, run_id: str, round: int, round_s: float, until: float, timeout_s: float
 ) -> int | None:
-    """Wait until `donor` serves `round` or later, or time.monotonic() would pass `until`; the
-    last round it named (None: it did not answer). Each answer says how far into its round the
-    donor is, so with rounds of about `round_s` the next request is timed for the round's start: a
-    few requests, not a poll. A donor's answer is fresh where heartbeats lag by up to a view period;
-    it is one peer's claim, and a wrong one only moves when the state is downloaded, which is
-    checked as ever."""
+    """Wait until `donor` serves `round` or later, or time.monotonic() reaches `until`; the last
+    round it named (None: it did not answer). Each answer says how far into its round the donor
+    is, so with rounds of about `round_s` the next request is timed for the round's start, asked
+    again halfway while far off (the pace drifts): a few requests, not a poll. A donor's answer is
+    fresh where heartbeats lag by up to two view periods; it is one peer's claim, which only times
+    the download (the caller bounds `until`, and the state is checked as any other)."""
     served: int | None = None
     least_s = max(0.02, round_s / 4)
     for _ in range(ROUND_POLLS):
-        header = _header(transport, donor, run_id, timeout_s)
+        left_s = until - time.monotonic()
+        if left_s <= 0:
+            return served
+        header = _header(transport, donor, run_id, min(timeout_s, left_s + least_s))
         fields = header if isinstance(header, Failed) else check_state_header(header, donor)
         if isinstance(fields, Failed):
             logger.info("waiting for round %d: %s", round, fields.reason.splitlines()[0])
             return served
         served, (elapsed_s, _) = fields
-        wait_s = max(least_s, (round - served) * round_s - elapsed_s)
-        if served >= round or time.monotonic() + wait_s > until:
+        if served >= round:
             return served
-        time.sleep(wait_s)
+        ahead_s = (round - served) * round_s - elapsed_s
+        wait_s = ahead_s / 2 if ahead_s > 2 * round_s else ahead_s
+        time.sleep(max(0.0, min(until - time.monotonic(), max(least_s, wait_s))))
     return served
 
 

@@ -15,7 +15,7 @@ from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector
 from p2p_trainer.net import records
 from p2p_trainer.net.donor_check import bounded_momentum, confirmed_download, round_refusal
-from p2p_trainer.net.entry import ENTRY_PERIODS, GroupEntry, has_left
+from p2p_trainer.net.entry import ENTRY_PERIODS, GroupEntry, has_left, in_groups
 from p2p_trainer.net.records import Heartbeat
 from p2p_trainer.net.robust import Penalties
 from p2p_trainer.net.state_sync import (
@@ -66,8 +66,9 @@ def late_join(
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
         # peers stopping for their time bound (`entry.py`) keep their last round: neither a vote on
-        # where the swarm is nor a donor (their state stops there, and they leave within seconds)
-        beats = [h for h in beats if not has_left(h, h.round)]
+        # where the swarm is nor a donor (their state stops there, and they leave within seconds);
+        # nor are newcomers waiting for their entry round (they serve no state yet)
+        beats = [h for h in beats if not has_left(h, h.round) and in_groups(h, h.round)]
         # heartbeats say the rounds per second (throughput / tokens per round) of their peers
         rounds_per_s = max((h.throughput_tokens_per_s for h in beats), default=0.0) / tokens_per_round
         slack = heartbeat_lag_rounds(rounds_per_s, 2 * view.period_s)
@@ -86,17 +87,7 @@ def late_join(
             # the catch-up (`catch_up_steps`) counts from the moment the state arrives
             view.wait_for_pace(ENTRY_PERIODS * view.period_s)
         if donors and entry is not None:
-            # downloaded as the swarm begins the entry round: the catch-up then brings this peer to
-            # that round's exchange, which counts it, instead of leaving its group to wait for it
-            await_state_round(
-                transport,
-                donor=donors[0],
-                run_id=run_id,
-                round=entry.enters,
-                round_s=entry.round_s,
-                until=entry_until,
-                timeout_s=net.state_stall_timeout_s,
-            )
+            await_entry(view, transport, run_id, donors, entry, entry_until, net.state_stall_timeout_s)
         attempt += 1
         if donors:
             faults.reached("download", attempt)
@@ -119,7 +110,7 @@ def late_join(
             entry_until = adopted_at + entry.wait_limit_s(ENTRY_PERIODS * view.period_s)
             if not entry.refreshes:
                 return True
-            continue  # the swarm has reached the entry round: its state again
+            continue  # the swarm is near the entry round: its state again, as that round begins
         if entry is not None:
             logger.warning("no donor served the swarm's state again; entering with round %d's", entry.adopted)
             return True
@@ -169,6 +160,44 @@ def enter_groups(peer: Peer, view: SwarmView, state: DonorState) -> GroupEntry:
         "" if reached else f" (the swarm had not reached round {near})",
     )
     return entry
+
+
+ENTRY_ASKS = 2
+"""Donors asked in turn which round they serve before a newcomer falls back to the heartbeats."""
+
+
+def await_entry(
+    view: SwarmView,
+    transport: Transport,
+    run_id: str,
+    donors: list[str],
+    entry: GroupEntry,
+    until: float,
+    timeout_s: float,
+) -> None:
+    """Wait, before downloading the swarm's state again, until the swarm begins the entry round:
+    the catch-up then brings this peer to that round's exchange, which counts it, instead of
+    leaving its group to wait for it. A donor says when (`await_state_round`), within the time the
+    swarm needs to get there from where the heartbeats showed it (`GroupEntry.heartbeat_round`),
+    so a donor that lies about its rounds delays this peer no more than that; where no donor says
+    so in time, the heartbeats do, as late as they lag (up to `until`)."""
+    near = entry.heartbeat_round(view.period_s)
+    asked_until = min(until, time.monotonic() + (entry.enters - near) * entry.round_s + 2 * view.period_s)
+    for donor in donors[:ENTRY_ASKS]:
+        served = await_state_round(
+            transport, donor, run_id, entry.enters, entry.round_s, asked_until, timeout_s
+        )
+        if served is not None and served >= entry.enters:
+            return
+        if served is not None:
+            break  # it answered, and the swarm has not got there in the time it should have
+    left_s = until - time.monotonic()
+    logger.warning(
+        "no donor said the swarm began round %d; waiting up to %.1f s for the heartbeats to show it",
+        entry.enters,
+        max(0.0, left_s),
+    )
+    view.wait_for_round(entry.enters, 0.0, max(0.0, left_s))
 
 
 def _rounds(beats: list[Heartbeat]) -> list[tuple[str, int]]:

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from p2p_trainer.algo.methods import OuterState
+from p2p_trainer.exchange.interface import Failed
+from p2p_trainer.net import state_sync
 from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
 from p2p_trainer.net.state_sync import ROUND_POLLS, StateServer, await_state_round
 from p2p_trainer.net.transport import Transport
@@ -72,19 +74,19 @@ def test_a_newcomer_learns_of_its_entry_round_as_it_begins_with_few_requests(
 ) -> None:
     (_, donor), (_, newcomer) = hosts
     server = StateServer(donor, RUN)
-    caplog.set_level(logging.INFO, logger="p2p_trainer.net.state_sync")
+    caplog.set_level(logging.DEBUG, logger="p2p_trainer.net.state_sync")
     with Rounds(server, first=10) as rounds:
         time.sleep(0.1)
         served = await_state_round(newcomer, donor.peer_id, RUN, 15, ROUND_S, time.monotonic() + 20, 5.0)
         learned = time.monotonic()
     assert served == 15
-    # it asked after round 15 began, and well within that round: a heartbeat up to a view period
+    # it asked after round 15 began, and within that round: a heartbeat up to two view periods
     # old would have told it rounds later
-    assert 0 <= learned - rounds.began[15] < ROUND_S / 2, learned - rounds.began[15]
+    assert 0 <= learned - rounds.began[15] < ROUND_S, learned - rounds.began[15]
     requests = sum("serving round-" in r.getMessage() for r in caplog.records)
-    # five rounds away: one request to learn where the donor is, one at the round's start, and a
-    # few more where the rounds' starts drift from the pace
-    assert 2 <= requests <= 5, requests
+    # five rounds away: one request to learn where the donor is, one halfway, one at the round's
+    # start, and a few more where the rounds' starts drift from the pace
+    assert 2 <= requests <= 6, requests
 
 
 def test_waiting_for_a_round_ends_at_the_limit_and_says_where_the_donor_is(
@@ -92,7 +94,7 @@ def test_waiting_for_a_round_ends_at_the_limit_and_says_where_the_donor_is(
 ) -> None:
     (_, donor), (_, newcomer) = hosts
     server = StateServer(donor, RUN)
-    caplog.set_level(logging.INFO, logger="p2p_trainer.net.state_sync")
+    caplog.set_level(logging.DEBUG, logger="p2p_trainer.net.state_sync")
     with Rounds(server, first=10):
         time.sleep(0.1)
         t0 = time.monotonic()
@@ -101,7 +103,7 @@ def test_waiting_for_a_round_ends_at_the_limit_and_says_where_the_donor_is(
         # a donor whose rounds are far shorter than the pace says is asked at most ROUND_POLLS times
         far = await_state_round(newcomer, donor.peer_id, RUN, 10_000, 0.0, time.monotonic() + 30, 5.0)
     assert served is not None and 10 <= served < 100
-    assert took < 1.5
+    assert 1.3 <= took < 2.0, took  # it waited until the limit, and no longer
     assert far is not None and far < 10_000
     requests = sum("serving round-" in r.getMessage() for r in caplog.records)
     assert requests <= 1 + ROUND_POLLS + 1, requests
@@ -113,3 +115,30 @@ def test_a_donor_that_does_not_answer_ends_the_wait_at_once(hosts: list[tuple[Ne
     t0 = time.monotonic()
     assert await_state_round(newcomer, donor.peer_id, RUN, 5, ROUND_S, t0 + 20, 5.0) is None
     assert time.monotonic() - t0 < 5.0
+
+
+def test_header_requests_serialise_a_published_state_once(
+    hosts: list[tuple[NetNode, Transport]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header costs the donor a tenth of a state in its rate limit; it must not cost it a copy
+    and a hash of the whole state each time (a joiner asks several while it waits to enter)."""
+    (_, donor), (_, newcomer) = hosts
+    server = StateServer(donor, RUN)
+    serialised: list[int] = []
+    real = state_sync._payload
+
+    def counted(snap: state_sync.StateSnapshot) -> bytes:
+        serialised.append(snap.round)
+        return real(snap)
+
+    monkeypatch.setattr(state_sync, "_payload", counted)
+    state = OuterState.from_params([torch.zeros(64)])
+    state.round = 3
+    server.publish(state)
+    headers = [state_sync.state_header(newcomer, donor.peer_id, RUN, 5.0) for _ in range(3)]
+    assert all(not isinstance(h, Failed) for h in headers) and len({str(h) for h in headers}) == 1, headers
+    assert serialised == [3]
+    state.round = 4
+    server.publish(state)  # a new round's state is serialised again
+    assert not isinstance(state_sync.state_header(newcomer, donor.peer_id, RUN, 5.0), Failed)
+    assert serialised == [3, 4]

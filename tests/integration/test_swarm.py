@@ -83,9 +83,10 @@ def test_late_joiner_downloads_state_and_catches_up(local_swarm: SwarmFactory, t
         f"merged in {sum(after)} of {len(after)} rounds"
     )
     # It enters in step (net/entry.py): the round it enters from is named ahead in its heartbeat, so
-    # every view counts it from that round on, and its first rounds meet their groups (4 or 5 of
-    # 5 in five runs; its first can still miss, as heartbeats lag). Without that, views disagreed
-    # for many rounds while its heartbeat spread: it merged in 1 of its first 5 rounds.
+    # every view counts it from that round on, and it downloads the state again as that round
+    # begins, timed by a donor (`await_state_round`), so its first rounds meet their groups (5 of 5
+    # in three runs). Without the entry round, views disagreed for many rounds while its heartbeat
+    # spread; timed by heartbeats, it came up to 2 rounds late: 1 of its first 5 in one run.
     assert sum(merged[:5]) >= 3, f"merged in {sum(merged[:5])} of its first 5 rounds"
     # It leaves in step too: its time bound named its last round ahead, so the others' groups
     # leave it out from then on, and their exchanges meet whole while it waits for the final

@@ -4,9 +4,10 @@ ahead, which every view applies."""
 from __future__ import annotations
 
 import math
+from collections.abc import Coroutine
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import torch
@@ -210,3 +211,42 @@ def test_a_peer_outside_a_rounds_groups_fails_its_exchanges_at_once_with_the_rea
     # from its entry round on, it is a member like any other (here: the transport is needed)
     with pytest.raises(AttributeError, match="submit"):
         exchange.start(tensors, ExchangeRequest("outer", 9, ALL))
+
+
+class _Unreachable:
+    """A transport whose every request fails, as to donors that are gone or refuse."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> object:
+        self.asked += 1
+        coro.close()  # never awaited
+        raise ConnectionError("no route")
+
+
+class _Heartbeats:
+    def __init__(self) -> None:
+        self.period_s = 2.0
+        self.waited: list[tuple[int, float, float]] = []
+
+    def wait_for_round(self, round: int, min_s: float, timeout_s: float) -> bool:
+        self.waited.append((round, min_s, timeout_s))
+        return True
+
+
+def test_a_newcomer_no_donor_times_waits_for_the_heartbeats_to_show_its_entry_round() -> None:
+    """Where no donor answers, the newcomer does not download at once (its state would be rounds
+    older than its entry, and drift): it falls back to the heartbeats, up to its limit."""
+    import time
+
+    from p2p_trainer.run.entry_paths import ENTRY_ASKS, await_entry
+
+    transport, view = _Unreachable(), _Heartbeats()
+    entry = GroupEntry(40, 88, 0.1)
+    until = time.monotonic() + 30.0
+    await_entry(view, transport, "run", ["d1", "d2", "d3"], entry, until, 5.0)  # type: ignore[arg-type]
+    assert transport.asked == ENTRY_ASKS  # each of the first donors asked once
+    assert len(view.waited) == 1
+    round, least_s, limit_s = view.waited[0]
+    assert (round, least_s) == (88, 0.0) and 25.0 < limit_s <= 30.0

@@ -18,9 +18,11 @@ asks for a re-agreement at its first exchange with the others (§1).
 Where three or more rounds pass before the entry, training alone through them is of no use: by
 the entry the newcomer's state would be that many rounds behind the swarm's, and the others'
 contributions would fail its bounds (§10). It waits instead, without training, until half of the
-others' heartbeats show the swarm near its entry round (heartbeats lag by up to a view period),
-then asks a donor which round it serves until that is the entry round, downloads the swarm's state
-again and enters with it, in time for that round's exchange.
+others' heartbeats show the swarm near its entry round (a heartbeat is read up to two view periods
+after its peer was there), then asks a donor which round it serves until that is the entry round
+(`run/entry_paths.py` `await_entry`: within the time the swarm should take to get there, and
+falling back to the heartbeats where no donor says so), downloads the swarm's state again and
+enters with it, in time for that round's exchange.
 
 A peer that rejoins (`Rejoin`) names no entry round: every view already counts it, by its earlier
 heartbeat, and a later entry would take it out of some views before others (one cut off for longer

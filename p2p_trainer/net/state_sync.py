@@ -110,6 +110,7 @@ class StateServer:
         """Serve `state` from now on: call it when a round begins (its anchor is that round's φ);
         `elapsed_s` is how far into the round this peer already is (it skipped steps to catch up)."""
         began = time.monotonic() - elapsed_s
+        self._digested = None  # the last round's state is not held for its hash
         self.snapshot = StateSnapshot(
             list(state.anchor), list(state.momentum), state.round, began, step_s or 0.0
         )
@@ -144,7 +145,9 @@ class StateServer:
         digested = self._digested
         if digested is None or digested[0] is not snap or not header_only:
             payload = await asyncio.get_running_loop().run_in_executor(None, _payload, snap)
-            digested = self._digested = (snap, len(payload), hashlib.sha256(payload).hexdigest())
+            digested = (snap, len(payload), hashlib.sha256(payload).hexdigest())
+            if snap is self.snapshot:  # not one published over meanwhile
+                self._digested = digested
         log = logger.debug if header_only else logger.info
         log("serving round-%d state (%d bytes) to %s", snap.round, digested[1], sender[-8:])
         header = {
@@ -288,7 +291,7 @@ def await_state_round(
     the download (the caller bounds `until`, and the state is checked as any other)."""
     served: int | None = None
     least_s = max(0.02, round_s / 4)
-    for _ in range(ROUND_POLLS):
+    for ask in range(ROUND_POLLS):
         left_s = until - time.monotonic()
         if left_s <= 0:
             return served
@@ -301,7 +304,10 @@ def await_state_round(
         if served >= round:
             return served
         ahead_s = (round - served) * round_s - elapsed_s
-        wait_s = ahead_s / 2 if ahead_s > 2 * round_s else ahead_s
+        # halved while far off and asks are left for the approach (very short rounds would
+        # otherwise spend them all on the halving)
+        far = ahead_s > 2 * round_s and ROUND_POLLS - ask > 4
+        wait_s = ahead_s / 2 if far else ahead_s
         time.sleep(max(0.0, min(until - time.monotonic(), max(least_s, wait_s))))
     return served
 

@@ -67,7 +67,9 @@ def late_join(
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
         # peers stopping for their time bound (`entry.py`) keep their last round: neither a vote on
         # where the swarm is nor a donor (their state stops there, and they leave within seconds);
-        # nor are newcomers waiting for their entry round (they serve no state yet)
+        # nor are newcomers before their entry round (rounds behind the swarm, and with no state
+        # yet or one trained alone). In a tiny swarm that leaves fewer votes against a forged round
+        # while newcomers wait: the round window (§10) still bounds what a donor may claim.
         beats = [h for h in beats if not has_left(h, h.round) and in_groups(h, h.round)]
         # heartbeats say the rounds per second (throughput / tokens per round) of their peers
         rounds_per_s = max((h.throughput_tokens_per_s for h in beats), default=0.0) / tokens_per_round
@@ -182,15 +184,17 @@ def await_entry(
     so a donor that lies about its rounds delays this peer no more than that; where no donor says
     so in time, the heartbeats do, as late as they lag (up to `until`)."""
     near = entry.heartbeat_round(view.period_s)
-    asked_until = min(until, time.monotonic() + (entry.enters - near) * entry.round_s + 2 * view.period_s)
+    # the heartbeats showed `near` up to two periods after the swarm was there, and the rounds
+    # from there take about that long: the entry round began by now + those rounds, give or take
+    asked_until = min(until, time.monotonic() + (entry.enters - near) * entry.round_s + view.period_s / 2)
     for donor in donors[:ENTRY_ASKS]:
-        served = await_state_round(
-            transport, donor, run_id, entry.enters, entry.round_s, asked_until, timeout_s
-        )
+        # one ask may not take the whole window: a donor that hangs leaves time to ask the next
+        ask_s = min(timeout_s, max(1.0, (asked_until - time.monotonic()) / 4))
+        served = await_state_round(transport, donor, run_id, entry.enters, entry.round_s, asked_until, ask_s)
         if served is not None and served >= entry.enters:
             return
         if served is not None:
-            break  # it answered, and the swarm has not got there in the time it should have
+            break  # it answered, but not that the round began (in time, or before it failed)
     left_s = until - time.monotonic()
     logger.warning(
         "no donor said the swarm began round %d; waiting up to %.1f s for the heartbeats to show it",

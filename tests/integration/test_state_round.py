@@ -5,9 +5,11 @@ daemons, and its requests are timed by the donor's answers (net/state_sync.py
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,12 +100,12 @@ def test_waiting_for_a_round_ends_at_the_limit_and_says_where_the_donor_is(
     with Rounds(server, first=10):
         time.sleep(0.1)
         t0 = time.monotonic()
-        served = await_state_round(newcomer, donor.peer_id, RUN, 100, ROUND_S, t0 + 1.5, 5.0)
+        served = await_state_round(newcomer, donor.peer_id, RUN, 100, ROUND_S, t0 + 3.0, 5.0)
         took = time.monotonic() - t0
         # a donor whose rounds are far shorter than the pace says is asked at most ROUND_POLLS times
         far = await_state_round(newcomer, donor.peer_id, RUN, 10_000, 0.0, time.monotonic() + 30, 5.0)
     assert served is not None and 10 <= served < 100
-    assert 1.3 <= took < 2.0, took  # it waited until the limit, and no longer
+    assert 2.8 <= took < 3.6, took  # it waited until the limit, and no longer
     assert far is not None and far < 10_000
     requests = sum("serving round-" in r.getMessage() for r in caplog.records)
     assert requests <= 1 + ROUND_POLLS + 1, requests
@@ -138,7 +140,10 @@ def test_header_requests_serialise_a_published_state_once(
     headers = [state_sync.state_header(newcomer, donor.peer_id, RUN, 5.0) for _ in range(3)]
     assert all(not isinstance(h, Failed) for h in headers) and len({str(h) for h in headers}) == 1, headers
     assert serialised == [3]
+    served = weakref.ref(server.snapshot) if server.snapshot is not None else None
     state.round = 4
     server.publish(state)  # a new round's state is serialised again
+    gc.collect()
+    assert served is not None and served() is None  # and the last round's is not held for its hash
     assert not isinstance(state_sync.state_header(newcomer, donor.peer_id, RUN, 5.0), Failed)
     assert serialised == [3, 4]

@@ -235,7 +235,7 @@ class _Heartbeats:
         return True
 
 
-def test_a_newcomer_no_donor_times_waits_for_the_heartbeats_to_show_its_entry_round() -> None:
+def test_where_no_donor_answers_a_newcomer_waits_for_the_heartbeats_to_show_its_entry() -> None:
     """Where no donor answers, the newcomer does not download at once (its state would be rounds
     older than its entry, and drift): it falls back to the heartbeats, up to its limit."""
     import time
@@ -250,3 +250,32 @@ def test_a_newcomer_no_donor_times_waits_for_the_heartbeats_to_show_its_entry_ro
     assert len(view.waited) == 1
     round, least_s, limit_s = view.waited[0]
     assert (round, least_s) == (88, 0.0) and 25.0 < limit_s <= 30.0
+
+
+class _Behind(_Unreachable):
+    """A donor that always says it is at round 10, however long one waits: a liar, or a peer that
+    fell behind."""
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float | None = None) -> object:
+        self.asked += 1
+        coro.close()
+        return {"key": "state", "round": 10, "round_elapsed_s": 0.0, "step_s": 0.0}, b""
+
+
+def test_a_donor_can_hold_a_newcomer_back_only_as_long_as_the_swarm_should_take() -> None:
+    """From where the heartbeats showed the swarm, it needs about two periods to begin the entry
+    round; a donor that keeps saying it has not begun holds the newcomer about that long (half a
+    period more), not up to the newcomer's whole limit, and the heartbeats then decide."""
+    import time
+
+    from p2p_trainer.run.entry_paths import await_entry
+
+    transport, view = _Behind(), _Heartbeats()
+    view.period_s = 0.4
+    entry = GroupEntry(40, 88, 0.1)  # the heartbeats' round: 88 - 8 = 80, 0.8 s of rounds away
+    t0 = time.monotonic()
+    await_entry(view, transport, "run", ["d1", "d2"], entry, t0 + 30.0, 5.0)  # type: ignore[arg-type]
+    took = time.monotonic() - t0
+    assert 0.9 <= took < 1.5, took  # 0.8 s of rounds + 0.2 s, not 30 s
+    # it answered each time, so no second donor is asked; the heartbeats decide from there
+    assert transport.asked >= 1 and len(view.waited) == 1 and view.waited[0][0] == 88

@@ -4,7 +4,6 @@ daemons, and its requests are timed by the donor's answers (net/state_sync.py
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import threading
@@ -19,9 +18,10 @@ import torch
 from p2p_trainer.algo.methods import OuterState
 from p2p_trainer.exchange.interface import Failed
 from p2p_trainer.net import state_sync
-from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
+from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.state_sync import ROUND_POLLS, StateServer, await_state_round
 from p2p_trainer.net.transport import Transport
+from tests.integration.loopback_hosts import loopback_hosts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,16 +31,8 @@ RUN = "state-round-test"
 
 @pytest.fixture()
 def hosts(tmp_path: Path) -> Iterator[list[tuple[NetNode, Transport]]]:
-    """A donor and a newcomer; everything started is stopped, in reverse."""
-    with contextlib.ExitStack() as stack:
-        started: list[tuple[NetNode, Transport]] = []
-        for i in range(2):
-            peers = tuple(started[0][0].visible_maddrs()) if started else ()
-            node = start_node(DHTConfig(str(tmp_path / f"h{i}.key"), host="127.0.0.1", initial_peers=peers))
-            stack.callback(node.shutdown)
-            transport = Transport(node.dht, 1 << 21, signer=node.signer)
-            stack.callback(transport.close)
-            started.append((node, transport))
+    """A donor and a newcomer."""
+    with loopback_hosts(tmp_path, 2) as started:
         yield started
 
 
@@ -71,16 +63,25 @@ class Rounds:
         self._thread.join(timeout=5)
 
 
-def test_a_newcomer_learns_of_its_entry_round_as_it_begins_with_few_requests(
+@pytest.fixture()
+def serving(
     hosts: list[tuple[NetNode, Transport]], caplog: pytest.LogCaptureFixture
-) -> None:
+) -> Iterator[tuple[Transport, str, Rounds]]:
+    """The newcomer, and the donor's id and rounds: it begins one every ROUND_S from round 10 (its
+    header requests are logged, at DEBUG)."""
     (_, donor), (_, newcomer) = hosts
-    server = StateServer(donor, RUN)
     caplog.set_level(logging.DEBUG, logger="p2p_trainer.net.state_sync")
-    with Rounds(server, first=10) as rounds:
+    with Rounds(StateServer(donor, RUN), first=10) as rounds:
         time.sleep(0.1)
-        served = await_state_round(newcomer, donor.peer_id, RUN, 15, ROUND_S, time.monotonic() + 20, 5.0)
-        learned = time.monotonic()
+        yield newcomer, donor.peer_id, rounds
+
+
+def test_a_newcomer_learns_of_its_entry_round_as_it_begins_with_few_requests(
+    serving: tuple[Transport, str, Rounds], caplog: pytest.LogCaptureFixture
+) -> None:
+    newcomer, donor, rounds = serving
+    served = await_state_round(newcomer, donor, RUN, 15, ROUND_S, time.monotonic() + 20, 5.0)
+    learned = time.monotonic()
     assert served == 15
     # it asked after round 15 began, and within that round: a heartbeat up to two view periods
     # old would have told it rounds later
@@ -92,18 +93,14 @@ def test_a_newcomer_learns_of_its_entry_round_as_it_begins_with_few_requests(
 
 
 def test_waiting_for_a_round_ends_at_the_limit_and_says_where_the_donor_is(
-    hosts: list[tuple[NetNode, Transport]], caplog: pytest.LogCaptureFixture
+    serving: tuple[Transport, str, Rounds], caplog: pytest.LogCaptureFixture
 ) -> None:
-    (_, donor), (_, newcomer) = hosts
-    server = StateServer(donor, RUN)
-    caplog.set_level(logging.DEBUG, logger="p2p_trainer.net.state_sync")
-    with Rounds(server, first=10):
-        time.sleep(0.1)
-        t0 = time.monotonic()
-        served = await_state_round(newcomer, donor.peer_id, RUN, 100, ROUND_S, t0 + 3.0, 5.0)
-        took = time.monotonic() - t0
-        # a donor whose rounds are far shorter than the pace says is asked at most ROUND_POLLS times
-        far = await_state_round(newcomer, donor.peer_id, RUN, 10_000, 0.0, time.monotonic() + 30, 5.0)
+    newcomer, donor, _ = serving
+    t0 = time.monotonic()
+    served = await_state_round(newcomer, donor, RUN, 100, ROUND_S, t0 + 3.0, 5.0)
+    took = time.monotonic() - t0
+    # a donor whose rounds are far shorter than the pace says is asked at most ROUND_POLLS times
+    far = await_state_round(newcomer, donor, RUN, 10_000, 0.0, time.monotonic() + 30, 5.0)
     assert served is not None and 10 <= served < 100
     assert 2.8 <= took < 3.6, took  # it waited until the limit, and no longer
     assert far is not None and far < 10_000

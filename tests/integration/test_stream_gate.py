@@ -13,7 +13,6 @@ together: the burst that an accept loop without a bound takes whole.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +23,11 @@ import pytest
 
 from p2p_trainer.config import SecurityConfig
 from p2p_trainer.lab.adversary.streams import _open
-from p2p_trainer.net.dht import DHTConfig, NetNode, start_node
+from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.stream_gate import MAX_PENDING
 from p2p_trainer.net.transport import Transport
 from tests.conftest import wait_until
+from tests.integration.loopback_hosts import loopback_hosts
 from tests.integration.unix_sockets import sampling
 
 pytestmark = pytest.mark.timeout(180)
@@ -40,16 +40,7 @@ STALL_S = 0.5
 
 @pytest.fixture()
 def hosts(tmp_path: Path) -> Iterator[list[tuple[NetNode, Transport]]]:
-    """Three hosts; everything started is stopped, in reverse, even when a later start or stop fails."""
-    with contextlib.ExitStack() as stack:
-        started: list[tuple[NetNode, Transport]] = []
-        for i in range(3):
-            peers = tuple(started[0][0].visible_maddrs()) if started else ()
-            node = start_node(DHTConfig(str(tmp_path / f"h{i}.key"), host="127.0.0.1", initial_peers=peers))
-            stack.callback(node.shutdown)
-            transport = Transport(node.dht, 1 << 21, security=SecurityConfig(), signer=node.signer)
-            stack.callback(transport.close)
-            started.append((node, transport))
+    with loopback_hosts(tmp_path, 3) as started:
         yield started
 
 

@@ -92,7 +92,14 @@ def _heartbeats() -> st.SearchStrategy[records.Heartbeat]:
         leaving=st.booleans(),
         round_started=big,
         suspects=st.lists(_peer_ids, max_size=4).map(tuple),
+        excludes=st.lists(_votes, max_size=records.MAX_EXCLUDES).map(tuple),
     )
+
+
+_votes = st.tuples(_peer_ids, st.integers(0, records.MAX_STEPS - 2), st.integers(1, records.MAX_STEPS)).map(
+    lambda v: (v[0], v[1], min(v[1] + v[2], records.MAX_STEPS - 1))
+)
+"""Votes (`exclusion.py`) as the decoder lets them through: first < end < MAX_STEPS, any span."""
 
 
 _PEERS = [envelope.Signer(nacl.signing.SigningKey(bytes([60 + i]) * 32)) for i in range(4)]

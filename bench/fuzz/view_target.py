@@ -116,6 +116,8 @@ def fuzz_swarm_view(beats: list[Beat], heard_idx: list[int], own_round: int, see
         live = view.live_peers()
         ahead = view.out_of_step()
         view.reported_dead()
+        outside = view.outside_groups(own_round)
+        voted = view.voted_out(own_round)
     finally:
         view.close()
     assert set(live) <= set(read) | heard | {me}, (live, set(read), heard)
@@ -125,6 +127,8 @@ def fuzz_swarm_view(beats: list[Beat], heard_idx: list[int], own_round: int, see
     honest = {_PEERS[o].peer_id for o, ok in last.items() if ok and o != 0}
     if len(set(read) - honest) <= 1:  # at most one identity lies
         assert honest <= set(live), (honest, live, set(read))
+        # honest heartbeats here vote for nobody: one liar's votes never reach two (`exclusion.py`)
+        assert not honest & (voted | outside), (honest, voted, outside)
     members = sorted(set(live) | {me})
     for size in (2, 3, ALL):
         _, group = group_of(me, members, size, seed)

@@ -37,6 +37,7 @@ from p2p_trainer.exchange.interface import ExchangeRequest, ExchangeResult, Fail
 from p2p_trainer.fault_points import NO_FAULTS, FaultInjector, FaultPoint
 from p2p_trainer.net.allreduce import GroupSpec, butterfly_average
 from p2p_trainer.net.exchange_tap import NO_TAP, ExchangeTap
+from p2p_trainer.net.exclusion import STRIKES
 from p2p_trainer.net.health import PeerHealth
 from p2p_trainer.net.robust import Defence, Penalties
 from p2p_trainer.net.transport import Transport
@@ -116,7 +117,7 @@ class NetworkExchange:
     ) -> None:
         """`out_of_step()`: live peers too far ahead to be in this round's groups (`in_step.py`;
         not asked for an exchange with `in_round` False); `outside_groups(round)`: peers, this one
-        included, not yet counted in that round's groups (`entry.py`). `faults` is told ("mix1" |
+        included, not counted in that round's groups (`entry.py`, `exclusion.py`). `faults` is told ("mix1" |
         "blocking", round) once this peer has delivered its contributions; `tap` sees each
         exchange's contribution and result (a test tool, `exchange_tap.py`); `security` says
         whether and how contributions and results are bounded (§10)."""
@@ -133,7 +134,7 @@ class NetworkExchange:
         self.penalties = Penalties(security.penalty_half_life, lambda: float(self._exchanges))
         self._final_penalties: Penalties | None = None
         """The ledger of exchanges outside the rounds (the final agreement), started from the
-        rounds' repeat offenders (`FINAL_CARRY_OFFENCES`) when the first such exchange starts: there
+        rounds' repeat offenders (`FINAL_CARRY_OFFENCES`, or strikes enough for a vote, `exclusion.py`) when the first such exchange starts: there
         every live peer must merge for the result to be whole, and a peer penalised once for a
         noisy round's update would be left out of it for good. The final's own bounds still check
         every contribution, and a peer caught in one meeting is left out of the next."""
@@ -148,7 +149,7 @@ class NetworkExchange:
     @property
     def final_penalties(self) -> Penalties:
         if self._final_penalties is None:
-            self._final_penalties = self.penalties.carried(FINAL_CARRY_OFFENCES)
+            self._final_penalties = self.penalties.carried(FINAL_CARRY_OFFENCES, STRIKES)
         return self._final_penalties
 
     def _live(self) -> set[str]:
@@ -243,7 +244,8 @@ class NetworkExchange:
         if not request.in_round or self.me not in self.outside_groups(request.round):
             return None
         return (
-            f"waiting to enter the swarm's groups (round {request.round}: its peers learn of this one first)"
+            f"out of round {request.round}'s groups: waiting to enter them (its peers learn of this one"
+            " first), or voted out by two peers (§10)"
         )
 
     def _observe_late(self, offset_s: float) -> None:

@@ -176,10 +176,13 @@ class Heartbeat:
     """The first round whose groups leave this peer out (`entry.py`): a peer whose time bound is
     near names a round far enough ahead for every view to have read this record by then; 0 for
     the others."""
+    excludes: tuple[tuple[str, int, int], ...] = ()
+    """Peers this one votes out of the swarm's groups (`exclusion.py`), each with the first round
+    the vote covers and the first it no longer does; named ahead, as an entry round is."""
 
     def encode(self) -> bytes:
         fields = asdict(self)
-        for name in ("enters_round", "leaves_round"):
+        for name in ("enters_round", "leaves_round", "excludes"):
             if not fields[name]:
                 del fields[name]
         if not self.invitation:  # most swarms are open: their heartbeats carry no invitation field
@@ -224,6 +227,7 @@ class Heartbeat:
             data_address=_data_address(fields.get("data_address", "")),
             enters_round=_count(fields, "enters_round", MAX_STEPS),
             leaves_round=_count(fields, "leaves_round", MAX_STEPS),
+            excludes=_excludes(fields.get("excludes", [])),
         )
         if beat.round_steps and beat.round_step > beat.round_steps:
             raise RecordError(
@@ -310,6 +314,28 @@ def _suspects(value: object) -> tuple[str, ...]:
         if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_STR or not set(peer) <= set(B58_ALPHABET):
             raise RecordError(f"field 'suspects' holds {peer!r}, not a base58 peer id")
     return tuple(value)
+
+
+MAX_EXCLUDES = 8
+"""Votes one heartbeat may carry (`exclusion.py`); with `MAX_SUSPECTS` suspects they still fit
+`MAX_RECORD_BYTES`."""
+
+
+def _excludes(value: object) -> tuple[tuple[str, int, int], ...]:
+    if not isinstance(value, list | tuple) or len(value) > MAX_EXCLUDES:
+        raise RecordError(f"field 'excludes' must be a list of at most {MAX_EXCLUDES} votes")
+    votes = []
+    for vote in value:
+        if not isinstance(vote, list | tuple) or len(vote) != 3:
+            raise RecordError(f"field 'excludes' holds {vote!r}, not [peer id, first round, end round]")
+        peer, first, end = vote
+        if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_STR or not set(peer) <= set(B58_ALPHABET):
+            raise RecordError(f"field 'excludes' names {peer!r}, not a base58 peer id")
+        # bool is an int: a vote's rounds must be plain ints
+        if not all(type(r) is int for r in (first, end)) or not 0 <= first < end < MAX_STEPS:
+            raise RecordError(f"field 'excludes' has rounds {first!r}..{end!r}: need 0 <= first < end < 2^40")
+        votes.append((peer, first, end))
+    return tuple(votes)
 
 
 MAX_INVITATION_CHARS = 512

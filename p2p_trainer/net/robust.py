@@ -46,6 +46,10 @@ WIRE_TOLERANCE = {"f4": 1e-6, "f2": 2e-3, "bf": 8e-3, "i8": 1e-2, "i4": 0.2, "tk
 rounding."""
 
 
+STRIKE_HALF_LIVES = 4.0
+"""How many times slower than a penalty an offence's strike decays (`Penalties.strikes`)."""
+
+
 class Penalties:
     """Local, decaying penalties by peer id; thread-safe (the transport's loop and the trainer).
 
@@ -56,11 +60,29 @@ class Penalties:
         self._scores: dict[str, tuple[float, float]] = {}
         self._offences: dict[str, int] = {}
         """Offences by peer over this ledger's life (they do not decay; `forgive` clears them)."""
+        self._strikes: dict[str, tuple[float, float]] = {}
+        """Offences by peer decaying `STRIKE_HALF_LIVES` times slower than the penalty (`strikes`)."""
+        self._peak_strikes: dict[str, float] = {}
+        """The most strikes each peer has had at once (they do not decay; `forgive` clears them)."""
+        self._listeners: list[Callable[[str, float], None]] = []
         self._lock = threading.Lock()
 
+    def listen(self, listener: Callable[[str, float], None]) -> None:
+        """Call `listener(peer, strikes)` after every offence (outside the ledger's lock)."""
+        self._listeners.append(listener)
+
+    def strikes(self, peer: str) -> float:
+        """The peer's offences, each decaying with a half-life `STRIKE_HALF_LIVES` times the
+        penalty's: a repeat offender stands out from an honest peer that crossed a bound once."""
+        with self._lock:
+            return self._decayed(self._strikes, peer, self.clock(), STRIKE_HALF_LIVES)
+
+    def _decayed(self, scores: dict[str, tuple[float, float]], peer: str, now: float, lives: float) -> float:
+        score, since = scores.get(peer, (0.0, now))
+        return score * 0.5 ** ((now - since) / (lives * self.half_life))
+
     def _score(self, peer: str, now: float) -> float:
-        score, since = self._scores.get(peer, (0.0, now))
-        return score * 0.5 ** ((now - since) / self.half_life)
+        return self._decayed(self._scores, peer, now, 1.0)
 
     def offend(self, peer: str, why: str) -> None:
         now = self.clock()
@@ -68,7 +90,12 @@ class Penalties:
             score = self._score(peer, now) + 1.0
             self._scores[peer] = (score, now)
             self._offences[peer] = self._offences.get(peer, 0) + 1
+            strikes = self._decayed(self._strikes, peer, now, STRIKE_HALF_LIVES) + 1.0
+            self._strikes[peer] = (strikes, now)
+            self._peak_strikes[peer] = max(strikes, self._peak_strikes.get(peer, 0.0))
         logger.warning("peer %s penalised (score %.1f): %s", peer[-8:], score, why)
+        for listener in self._listeners:
+            listener(peer, strikes)
 
     def forgive(self, peers: Sequence[str]) -> None:
         """Clear the penalties of `peers` (this peer adopted their state: it was the one that differed)."""
@@ -76,17 +103,21 @@ class Penalties:
             for peer in peers:
                 self._scores.pop(peer, None)
                 self._offences.pop(peer, None)
+                self._strikes.pop(peer, None)
+                self._peak_strikes.pop(peer, None)
 
-    def carried(self, min_offences: int) -> Penalties:
+    def carried(self, min_offences: int, min_strikes: float = math.inf) -> Penalties:
         """A new ledger (same half-life and clock) in which the peers penalised here at least
-        `min_offences` times start with a fresh penalty. (A penalised peer is left out, so not
-        checked, until its penalty decays: a liar offends again each time it is let back in, but
-        its decaying score never shows more than about one offence.)"""
+        `min_offences` times, or that once had `min_strikes` strikes, start with a fresh penalty.
+        (A penalised peer is left out, so not checked, until its penalty decays: a liar offends
+        again each time it is let back in, but its decaying score never shows more than about one
+        offence; and a peer voted out of the groups, `exclusion.py`, is met too rarely to offend
+        often.)"""
         now = self.clock()
         out = Penalties(self.half_life, self.clock)
         with self._lock:
             for peer, offences in self._offences.items():
-                if offences >= min_offences:
+                if offences >= min_offences or self._peak_strikes.get(peer, 0.0) >= min_strikes:
                     out._scores[peer] = (1.0, now)
                     out._offences[peer] = offences
         return out

@@ -45,7 +45,8 @@ from p2p_trainer.config import NetworkConfig, SecurityConfig
 from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
-from p2p_trainer.net.entry import RoundPace, has_left, in_groups
+from p2p_trainer.net.entry import ENTRY_PERIODS, RoundPace, has_left, in_groups
+from p2p_trainer.net.exclusion import STRIKES, Ballot, rounds_ahead, voted_out
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.probation import Prober
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
@@ -177,6 +178,8 @@ class SwarmView:
         """The other peers' round starts as read, for the swarm's round time (`entry.py`)."""
         self._wake = threading.Event()
         """Set to publish the heartbeat now rather than at the end of the period."""
+        self.ballot = Ballot()
+        """The peers this one votes out of the groups (`exclusion.py`; only with the defences on)."""
         self._refresh()
         self._thread = threading.Thread(target=self._loop, name="swarm-view", daemon=True)
         self._thread.start()
@@ -212,6 +215,7 @@ class SwarmView:
             data_address=st.data_address,
             enters_round=st.enters_round,
             leaves_round=st.leaves_round,
+            excludes=self.ballot.votes(st.round),
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str], set[str]]:
@@ -451,13 +455,34 @@ class SwarmView:
     def outside_groups(self, round: int, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers, this one included, whose heartbeat (among `beats`, by default the view's) keeps
         them out of `round`'s groups: a later round named as the first that may count them, or
-        `round` or an earlier one named as the first that leaves them out (`entry.py`). This
-        peer's own is its status, never the copy of its heartbeat read back from the DHT, which
-        may be older."""
+        `round` or an earlier one named as the first that leaves them out (`entry.py`); with the
+        defences on, also the peers two others vote out of it (`exclusion.py`). This peer's own
+        entry, exit and votes are its status, never the copy of its heartbeat read back from the
+        DHT, which may be older."""
         me = self.node.peer_id
         beats = self.heartbeats() if beats is None else beats
         out = {b.peer_id for b in beats if b.peer_id != me and not in_groups(b, round)}
+        if self.defences:
+            out |= self.voted_out(round, beats)
         return out | {me} if not in_groups(self.status, round) else out
+
+    def voted_out(self, round: int, beats: list[records.Heartbeat] | None = None) -> set[str]:
+        """Peers, this one included, that two others vote out of `round`'s groups (`exclusion.py`)."""
+        beats = self.heartbeats() if beats is None else beats
+        # the votes this peer publishes (those of its own round on), whatever round is asked about
+        return voted_out(beats, round, self.ballot.votes(self.status.round), self.node.peer_id)
+
+    def vote_out(self, peer: str, strikes: float) -> None:
+        """After an offence by `peer` (`Penalties.listen`): vote it out of the groups from a round
+        every view reads the vote before, if it offended repeatedly (`exclusion.STRIKES`)."""
+        if strikes < STRIKES or peer == self.node.peer_id:
+            return
+        ahead = rounds_ahead(self.period_s, self.round_s(), ENTRY_PERIODS)
+        if ahead is None:
+            logger.info("peer %s not voted out: the swarm's round time is not known yet", peer[-8:])
+            return
+        self.ballot.vote(peer, self.status.round + ahead)
+        self._wake.set()
 
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers other peers' heartbeats report dead (`reported_dead`), less those whose messages

@@ -308,6 +308,8 @@ def start(
         outside_groups=view.outside_groups,
     )
     view.share_suspects(exchange.health.suspects)  # a death reaches every view in one period
+    if cfg.security.defences:  # a repeat offender is voted out of every view's groups (exclusion.py)
+        exchange.penalties.listen(view.vote_out)
     if opts.monitor is not None:
         opts.monitor.watch(node, view, transport)
     peer = Peer(

@@ -133,6 +133,9 @@ def test_the_largest_heartbeat_fits_a_record() -> None:
         bytes_received=records.MAX_BYTES - 1,
         reachability=max(records.REACHABILITY, key=len),
         last_exchange=max(EXCHANGE_OUTCOMES, key=len),
+        excludes=tuple((peer, records.MAX_STEPS - 3, records.MAX_STEPS - 2) for peer in suspects)[
+            : records.MAX_EXCLUDES
+        ],
     )
     body = biggest.encode()
     assert len(body) < records.MAX_RECORD_BYTES

@@ -351,3 +351,41 @@ def test_constant_work_counts_a_peer_out_only_by_a_fresh_round_zero_heartbeat() 
     assert live() == [PEER_B, PEER_C]
     status.round = 12  # the newcomer's entry round: its work counts from now on
     assert live() == [PEER_B, PEER_C, PEER_D]
+
+
+def test_two_votes_read_from_the_dht_leave_a_peer_out_of_every_view(dht: hivemind.DHT) -> None:
+    """`exclusion.py`: votes travel in signed heartbeats. Two other peers' votes leave the liar out
+    of the rounds they cover, in this view's groups; one vote does not, and neither do votes in an
+    undefended view. This peer's own vote goes out in its next heartbeat, named ahead."""
+    from p2p_trainer.config import SecurityConfig
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    me, voter, other, liar = PEER_A, PEER_B, PEER_C, PEER_D
+    publish(dht, "votes", heartbeat(voter, excludes=((liar, 3, 40),)), ttl_s=30)
+    publish(dht, "votes", heartbeat(other), ttl_s=30)
+    publish(dht, "votes", heartbeat(liar, excludes=((voter, 0, 40), (other, 0, 40))), ttl_s=30)
+    view = SwarmView(_Node(dht, me), "votes", period_s=60.0, ttl_s=30.0)  # type: ignore[arg-type]
+    undefended = SecurityConfig(defences=False)
+    off = SwarmView(_Node(dht, PEER_E), "votes", period_s=60.0, ttl_s=30.0, security=undefended)  # type: ignore[arg-type]
+    try:
+        view.status.round = 3
+        view._refresh()  # the view thread's period is 60 s here: read the DHT now
+        assert view.outside_groups(5) == set()  # one vote each, the liar's against two honest peers
+        view.round_s = lambda: 10.0  # type: ignore[method-assign]  # 60 s periods: 2.5 of them ahead
+        view.vote_out(liar, strikes=1.2)  # a first offence (and its strike's decay) is no vote
+        assert view.ballot.votes(3) == ()
+        view.vote_out(liar, strikes=1.6)
+        first = 3 + 15 + 1
+        assert view.ballot.votes(3) == ((liar, first, first + 8),)
+        assert view.outside_groups(first - 1) == set()
+        assert view.outside_groups(first) == view.outside_groups(first + 7) == {liar}
+        assert view.outside_groups(first + 8) == set()
+        view._refresh()
+        published = {b.peer_id: b for b in records.list_live_peers(dht, "votes")}
+        assert published[me].excludes == ((liar, first, first + 8),)
+        off.status.round = 3
+        off._refresh()
+        assert off.outside_groups(first) == set()  # undefended: votes are not counted
+    finally:
+        view.close()
+        off.close()

@@ -96,16 +96,18 @@ def _heartbeats() -> st.SearchStrategy[records.Heartbeat]:
     )
 
 
-_votes = st.tuples(_peer_ids, st.integers(0, records.MAX_STEPS - 2), st.integers(1, records.MAX_STEPS)).map(
-    lambda v: (v[0], v[1], min(v[1] + v[2], records.MAX_STEPS - 1))
-)
-"""Votes (`exclusion.py`) as the decoder lets them through: first < end < MAX_STEPS, any span."""
-
-
 _PEERS = [envelope.Signer(nacl.signing.SigningKey(bytes([60 + i]) * 32)) for i in range(4)]
 """The peers of the targets that store records or open streams: each record is stored under one
 peer's name and sealed by one peer's key, the right one or not. `_PEERS[0]` is the joiner."""
 _peer_index = st.integers(0, len(_PEERS) - 1)
+
+_votes = st.tuples(
+    st.sampled_from([p.peer_id for p in _PEERS]) | _peer_ids,
+    st.integers(0, 64) | st.integers(0, records.MAX_STEPS - 2),
+    st.integers(1, 64) | st.integers(1, records.MAX_STEPS),
+).map(lambda v: (v[0], v[1], min(v[1] + v[2], records.MAX_STEPS - 1)))
+"""Votes (`exclusion.py`) as the decoder lets them through (first < end < MAX_STEPS), often naming
+the targets' peers over rounds near theirs, so that a liar's votes against honest peers are tried."""
 
 _lengths = st.integers(0, U64).map(lambda n: n.to_bytes(direct.LENGTH_BYTES, direct.BYTEORDER))
 """A frame's declared length, any: its bound must be checked before anything of that size is read."""

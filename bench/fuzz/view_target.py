@@ -62,11 +62,17 @@ def _near(
     started_s: float,
     leaving: bool,
     suspects: list[int],
+    votes: list[tuple[int, int, int]] = [],  # noqa: B006 (never changed)
 ) -> records.Heartbeat:
     """A heartbeat a liar could publish under its own key: `rounds` from this peer's round, stamped
-    `ago_s` before now, its round started `started_s` before that, reporting `_PEERS[suspects]` dead."""
+    `ago_s` before now, its round started `started_s` before that, reporting `_PEERS[suspects]` dead
+    and voting `_PEERS[i]` out from `first` rounds after this peer's round for `span` rounds (`votes`)."""
     stamp = records.now() - ago_s
-    return records.Heartbeat(
+    excludes = tuple(
+        (_PEERS[i].peer_id, max(0, own_round + first), max(0, own_round + first) + span)
+        for i, first, span in votes
+    )
+    beat = records.Heartbeat(
         _PEERS[owner].peer_id,
         max(0, own_round + rounds),
         0,
@@ -78,6 +84,7 @@ def _near(
         max(0.0, stamp - started_s),
         tuple(_PEERS[i].peer_id for i in suspects),
     )
+    return dataclasses.replace(beat, excludes=excludes[: records.MAX_EXCLUDES])
 
 
 Beat = tuple[int, int, list[int], Any]
@@ -168,6 +175,7 @@ def _fuzzed() -> st.SearchStrategy[Any]:
         seconds,
         st.booleans(),
         st.just([1, 2, 3]) | st.lists(_peer_index, max_size=3),
+        st.lists(st.tuples(_peer_index, st.integers(-5, 5), st.integers(1, 20)), max_size=4),
     )
     return near | near | st.tuples(_heartbeats(), st.booleans(), st.lists(_peer_index, max_size=3))
 

@@ -10,7 +10,10 @@ window, the peers fall out of step, and the newcomer is blamed for the lag.
 So the newcomer names, in its heartbeat, the first round whose groups may count it: the first
 round whose exchange starts at least `ENTRY_PERIODS` heartbeat periods from now. Every peer,
 the newcomer included, leaves it out of the groups of earlier rounds, and a view that has not yet
-read the heartbeat leaves it out anyway, so all views agree on every round. Where rounds are
+read the heartbeat leaves it out anyway, so all views agree on every round. From the moment
+it sees a donor until its download names the real entry, it names the run's last round, which no
+group reaches (`run/entry_paths.py` `late_join`): round 0 alone is not read as joining by a view in
+its first periods of training, nor from a heartbeat older than two periods. Where rounds are
 long, that is the round it adopted: nothing changes. Until then the newcomer trains on alone; its
 exchanges of those rounds fail with the reason, so DiLoCo's anchor, which it then updates alone,
 asks for a re-agreement at its first exchange with the others (§1).

@@ -13,13 +13,17 @@ first round the vote covers and the first it no longer covers. The first is name
 joiner's entry round is (`entry.py`): far enough that every view has read the heartbeat before that
 round's exchanges, so every view leaves the peer out of the same rounds, the voted peer's own view
 included. A peer is out of a round's groups when `VOTES` or more other peers' heartbeats vote it
-out for that round, not counting the votes of peers that are out themselves: one liar cannot vote an
-honest peer out, and a voted-out liar's votes stop counting once it is out.
+out for that round, not counting the votes of peers that are out themselves: one liar alone cannot
+vote an honest peer out, and a voted-out liar's votes stop counting once it is out. (A liar that
+only votes is never voted out: with one honest peer's mistaken vote beside its own, it can keep an
+honest peer out for that vote's span.)
 
 A vote lasts `SPAN_ROUNDS` rounds, doubling with every new vote for the same peer (a liar let
-back in offends again at once); an offence while a vote runs, or before it starts, extends it by
-the same span from a round named ahead. Changing a vote only ever changes rounds that are still
-named ahead.
+back in offends again at once); an offence while a vote runs, or before it starts, extends it to
+its span past a round named ahead, or adds a range there. Changing a vote only ever changes rounds that are still named
+ahead, and an ended vote stays published for as many rounds as it was named ahead, while other
+views may still be in its last rounds. A ballot holds at most `MAX_EXCLUDES` ranges: a full one
+casts no new vote rather than drop one in force.
 """
 
 from __future__ import annotations
@@ -68,39 +72,67 @@ def voted_out(beats: Iterable[Heartbeat], round: int, own: Iterable[Vote] = (), 
 
 
 class Ballot:
-    """This peer's votes; thread-safe (the transport's loop casts them, the view publishes them)."""
+    """This peer's votes; thread-safe (the transport's loop casts them, the view publishes them).
+
+    A peer's votes are ranges of rounds. A change never touches a round before the `first` it is
+    asked for (a round every view reads the change before): a new offence extends a range that
+    reaches `first`, or adds a range from `first`; `withdraw` cuts ranges at `first`."""
 
     def __init__(self) -> None:
-        self._votes: dict[str, Vote] = {}
+        self._votes: dict[str, list[Vote]] = {}
         self._cast: dict[str, int] = {}
-        """Votes cast per peer over the run: each new one lasts twice as long."""
+        """Separate votes cast per peer over the run: each new one lasts twice as long."""
         self._lock = threading.Lock()
 
-    def vote(self, peer: str, first: int) -> Vote:
-        """Vote `peer` out from round `first` on (a round every view reads this vote before). A
-        vote still running (or still ahead) is extended to cover as many rounds from `first` as
-        it first did, never moved earlier; a new vote covers twice as many as the last one."""
+    def vote(self, peer: str, first: int) -> Vote | None:
+        """Vote `peer` out from round `first` on; the range now covering `first`, or None where
+        the ballot is full (`MAX_EXCLUDES` ranges: dropping a published one would change rounds
+        that are not ahead). A range that reaches `first` is extended to a span past it;
+        otherwise a new range starts at `first`, as long as the last one while one is still
+        published, twice as long where none is."""
         with self._lock:
-            old = self._votes.get(peer)
-            running = old is not None and old[2] > first
-            cast = self._cast.get(peer, 0) - (1 if running else 0)
-            self._cast[peer] = cast + 1
-            span = min(MAX_SPAN_ROUNDS, SPAN_ROUNDS << min(cast, 20))
-            start = old[1] if old is not None and running else first
-            end = min(MAX_STEPS - 1, max(old[2] if old is not None else 0, first + span))
-            vote = (peer, min(start, end - 1), end)
-            self._votes[peer] = vote
-        logger.warning("peer %s voted out of the groups of rounds %d..%d", peer[-8:], vote[1], vote[2] - 1)
+            ranges = self._votes.get(peer, [])
+            reaching = [v for v in ranges if v[2] >= first]
+            cast = self._cast.get(peer, 0) + (0 if ranges else 1)  # a new vote where none is published
+            span = min(MAX_SPAN_ROUNDS, SPAN_ROUNDS << min(max(cast - 1, 0), 20))
+            if reaching:
+                old = max(reaching, key=lambda v: v[2])
+                vote = (peer, old[1], min(MAX_STEPS - 1, max(old[2], first + span)))
+                ranges[ranges.index(old)] = vote
+            elif sum(len(held) for held in self._votes.values()) >= MAX_EXCLUDES:
+                vote = None
+            else:
+                vote = (peer, first, min(MAX_STEPS - 1, first + span))
+                self._votes[peer] = [*ranges, vote]
+                self._cast[peer] = cast
+        if vote is None:
+            logger.warning("peer %s not voted out: this peer's ballot is full", peer[-8:])
+        else:
+            logger.warning(
+                "peer %s voted out of the groups of rounds %d..%d", peer[-8:], vote[1], vote[2] - 1
+            )
         return vote
 
-    def votes(self, round: int) -> tuple[Vote, ...]:
-        """What this peer publishes while in `round`: its votes that cover `round` or later rounds,
-        the latest-ending first `MAX_EXCLUDES`. Votes that ended before `round` are dropped."""
+    def withdraw(self, peers: Iterable[str], first: int) -> None:
+        """Take back the votes against `peers` from round `first` on (this peer adopted their state:
+        it was the one that differed)."""
         with self._lock:
-            for peer in [p for p, v in self._votes.items() if v[2] <= round]:
-                del self._votes[peer]
-            running = sorted(self._votes.values(), key=lambda v: (-v[2], v[0]))
-        return tuple(running[:MAX_EXCLUDES])
+            for peer in peers:
+                kept = [(p, a, min(b, first)) for p, a, b in self._votes.get(peer, []) if a < first]
+                if kept:
+                    self._votes[peer] = kept
+                else:
+                    self._votes.pop(peer, None)
+
+    def votes(self, since: int) -> tuple[Vote, ...]:
+        """What this peer publishes: its ranges that end after round `since` (the caller keeps ended
+        ones published while other views may still be in them); older ones are dropped."""
+        with self._lock:
+            for peer in list(self._votes):
+                self._votes[peer] = [v for v in self._votes[peer] if v[2] > since]
+                if not self._votes[peer]:
+                    del self._votes[peer]
+            return tuple(sorted(v for ranges in self._votes.values() for v in ranges))
 
 
 def rounds_ahead(period_s: float, round_s: float, periods: float) -> int | None:

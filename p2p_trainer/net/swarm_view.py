@@ -46,7 +46,7 @@ from p2p_trainer.net import records, revocation
 from p2p_trainer.net.admission import Admission, learn_published
 from p2p_trainer.net.dht import NetNode
 from p2p_trainer.net.entry import ENTRY_PERIODS, RoundPace, has_left, in_groups
-from p2p_trainer.net.exclusion import STRIKES, Ballot, rounds_ahead, voted_out
+from p2p_trainer.net.exclusion import STRIKES, Ballot, Vote, rounds_ahead, voted_out
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.probation import Prober
 from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
@@ -213,9 +213,10 @@ class SwarmView:
             reachability=st.reachability,
             last_exchange=st.last_exchange,
             data_address=st.data_address,
-            enters_round=st.enters_round,
-            leaves_round=st.leaves_round,
-            excludes=self.ballot.votes(st.round),
+            # a round from a config or a donor's claim, clamped like the counters above
+            enters_round=min(st.enters_round, records.MAX_STEPS - 1),
+            leaves_round=min(st.leaves_round, records.MAX_STEPS - 1),
+            excludes=self._published_votes(),
         )
 
     def _read(self) -> tuple[list[records.Heartbeat], set[str], set[str]]:
@@ -469,20 +470,45 @@ class SwarmView:
     def voted_out(self, round: int, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers, this one included, that two others vote out of `round`'s groups (`exclusion.py`)."""
         beats = self.heartbeats() if beats is None else beats
-        # the votes this peer publishes (those of its own round on), whatever round is asked about
-        return voted_out(beats, round, self.ballot.votes(self.status.round), self.node.peer_id)
+        # this peer's own votes as it publishes them, whatever round is asked about
+        return voted_out(beats, round, self._published_votes(), self.node.peer_id)
+
+    def _published_votes(self) -> tuple[Vote, ...]:
+        # an ended vote stays published as long as it was named ahead: views a few rounds behind
+        # this one may still be in its last rounds
+        ahead = rounds_ahead(self.period_s, self.round_s(), ENTRY_PERIODS) or 0
+        return self.ballot.votes(self.status.round - ahead)
+
+    def _vote_first(self) -> int | None:
+        """The first round a vote cast now may cover: one every view reads it before, counted from
+        this peer's round or the others' median, whichever is later (this one may be behind)."""
+        ahead = rounds_ahead(self.period_s, self.round_s(), ENTRY_PERIODS)
+        if ahead is None:
+            return None
+        me = self.node.peer_id
+        rounds = sorted(b.round for b in self.heartbeats() if b.peer_id != me and in_groups(b, b.round))
+        median = rounds[len(rounds) // 2] if rounds else 0
+        return max(self.status.round, median) + ahead
 
     def vote_out(self, peer: str, strikes: float) -> None:
         """After an offence by `peer` (`Penalties.listen`): vote it out of the groups from a round
         every view reads the vote before, if it offended repeatedly (`exclusion.STRIKES`)."""
         if strikes < STRIKES or peer == self.node.peer_id:
             return
-        ahead = rounds_ahead(self.period_s, self.round_s(), ENTRY_PERIODS)
-        if ahead is None:
+        first = self._vote_first()
+        if first is None:
             logger.info("peer %s not voted out: the swarm's round time is not known yet", peer[-8:])
             return
-        self.ballot.vote(peer, self.status.round + ahead)
-        self._wake.set()
+        if self.ballot.vote(peer, first) is not None:
+            self._wake.set()
+
+    def withdraw_votes(self, peers: list[str]) -> None:
+        """Take back this peer's votes against `peers` from a round every view reads that before
+        (this peer adopted their state: it was the one that differed)."""
+        first = self._vote_first()
+        if first is not None:
+            self.ballot.withdraw(peers, first)
+            self._wake.set()
 
     def reported_dead(self, beats: list[records.Heartbeat] | None = None) -> set[str]:
         """Peers other peers' heartbeats report dead (`reported_dead`), less those whose messages

@@ -62,6 +62,7 @@ def late_join(
     contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
     entry: GroupEntry | None = None
     entry_until = 0.0
+    provisional = False
     while True:
         beats = view.heartbeats()
         logger.info("swarm on arrival: %s", ", ".join(f"{h.peer_id[-8:]}@r{h.round}" for h in beats))
@@ -83,8 +84,17 @@ def late_join(
             )
             return True
         if not donors and time.monotonic() >= donor_deadline:
+            if provisional:  # no swarm to join after all: this peer starts one, counted from round 0
+                view.enter_groups_at(0)
             return False
         if donors and entry is None:
+            if not provisional:
+                # Until the download names the real entry (`enter_groups`), one no group reaches:
+                # a view that reads it leaves this peer out whatever the age of its round-0
+                # heartbeat, which a view in its first periods of training, or one that reads a
+                # round-0 heartbeat older than two periods (`at_round_zero`), would count.
+                view.enter_groups_at(peer.cfg.rounds)
+                provisional = True
             # the entry round is timed by the swarm's pace: measured before the download, so that
             # the catch-up (`catch_up_steps`) counts from the moment the state arrives
             view.wait_for_pace(ENTRY_PERIODS * view.period_s)
@@ -461,6 +471,7 @@ class Rejoin:
             adopt_state(peer, got, skip)
             if against and self.penalties is not None:
                 self.penalties.forgive(against)  # their values were out of bounds of the drifted state
+                self.view.withdraw_votes(against)
             logger.info(
                 "rejoined the swarm: round %d -> %d from %s, %d steps in", left, got.round, donor[-8:], skip
             )

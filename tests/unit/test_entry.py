@@ -279,3 +279,50 @@ def test_a_donor_can_hold_a_newcomer_back_only_as_long_as_the_swarm_should_take(
     assert 0.9 <= took < 1.5, took  # 0.8 s of rounds + 0.2 s, not 30 s
     # it answered each time, so no second donor is asked; the heartbeats decide from there
     assert transport.asked >= 1 and len(view.waited) == 1 and view.waited[0][0] == 88
+
+
+class _Arrival:
+    """A joiner's view: donors in sight at first (heartbeats at `round`), then none."""
+
+    def __init__(self, round: int) -> None:
+        self.period_s = 2.0
+        self.status = SimpleNamespace(enters_round=0)
+        self.named: list[int] = []
+        self._reads = [[beat("12D3KooWDonorA", round, 1.0), beat("12D3KooWDonorB", round, 1.0)]]
+
+    def heartbeats(self) -> list[Heartbeat]:
+        return self._reads.pop(0) if self._reads else []
+
+    def enter_groups_at(self, round: int) -> None:
+        self.status.enters_round = round
+        self.named.append(round)
+
+    def wait_for_pace(self, timeout_s: float) -> None:
+        pass
+
+
+def test_a_joiner_is_out_of_every_group_while_it_downloads_and_back_if_it_starts_a_new_swarm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before its first download a joiner names an entry no group reaches (the run's last round),
+    so a view holding its round-0 heartbeat leaves it out; the download would name the real entry.
+    Where every download fails and the donors are gone, it starts a new swarm: counted from round 0."""
+    from p2p_trainer.config import RunConfig
+    from p2p_trainer.run import entry_paths
+
+    cfg = RunConfig(rounds=500)
+    view = _Arrival(40)
+    during: list[int] = []
+
+    def failed(*_args: object) -> list[str]:
+        during.append(view.status.enters_round)
+        return ["no donor answered"]
+
+    monkeypatch.setattr(entry_paths, "_download_from", failed)
+    monkeypatch.setattr(entry_paths.time, "sleep", lambda _s: None)
+    peer = SimpleNamespace(cfg=cfg, val=None)
+    transport = SimpleNamespace(peer_id="12D3KooWJoiner")
+    joined = entry_paths.late_join(peer, view, transport, "run", 640)  # type: ignore[arg-type]
+    assert joined is False
+    assert during == [500]  # out of every group while it downloads
+    assert view.named == [500, 0] and view.status.enters_round == 0

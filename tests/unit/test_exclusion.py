@@ -50,27 +50,52 @@ def test_this_peers_own_votes_are_its_ballot_not_its_heartbeat_read_back() -> No
     assert voted_out([beat(A, (LIAR, 0, 20)), beat(LIAR)], 4, own=[(LIAR, 0, 20)], me=B) == {LIAR}
 
 
-def test_a_ballot_extends_a_running_vote_and_doubles_each_new_one() -> None:
+def test_a_ballot_never_changes_a_round_before_the_one_it_is_asked_for() -> None:
     ballot = Ballot()
     assert ballot.vote(LIAR, 10) == (LIAR, 10, 10 + SPAN_ROUNDS)
-    # an offence while the vote runs: the start stays, the end moves out by the same span
+    # an offence while the vote is ahead or running: the start stays, the end moves out by its span
     assert ballot.vote(LIAR, 14) == (LIAR, 10, 14 + SPAN_ROUNDS)
     assert ballot.vote(LIAR, 11) == (LIAR, 10, 14 + SPAN_ROUNDS)  # never shortened
-    assert ballot.votes(10) == ((LIAR, 10, 14 + SPAN_ROUNDS),)
-    assert ballot.votes(14 + SPAN_ROUNDS) == ()  # over: no longer published
-    # a new vote once the last one ended lasts twice as long, and the next twice that
+    # named ahead past the vote's end (at round 15, say): rounds 15..21 stay covered, the gap
+    # before the new range stays open, and the new range is as long as the last
+    assert ballot.vote(LIAR, 30) == (LIAR, 30, 30 + SPAN_ROUNDS)
+    assert ballot.votes(15) == ((LIAR, 10, 14 + SPAN_ROUNDS), (LIAR, 30, 30 + SPAN_ROUNDS))
+    assert voted_out([beat(A, (LIAR, 0, 99)), beat(LIAR)], 15, ballot.votes(15), me=B) == {LIAR}
+    assert voted_out([beat(A, (LIAR, 0, 99)), beat(LIAR)], 25, ballot.votes(15), me=B) == set()
+    assert ballot.votes(14 + SPAN_ROUNDS) == ((LIAR, 30, 30 + SPAN_ROUNDS),)  # the first ended
+    assert ballot.votes(30 + SPAN_ROUNDS) == ()  # over: no longer published
+    # a new vote once none is published lasts twice as long, and the next twice that
     assert ballot.vote(LIAR, 100) == (LIAR, 100, 100 + 2 * SPAN_ROUNDS)
-    assert ballot.vote(LIAR, 100 + 2 * SPAN_ROUNDS) == (LIAR, 116, 116 + 4 * SPAN_ROUNDS)
-    for _ in range(30):
-        last = ballot.vote(A, 500)
-    assert last[2] - last[1] <= MAX_SPAN_ROUNDS
+    assert ballot.votes(100 + 2 * SPAN_ROUNDS) == ()
+    assert ballot.vote(LIAR, 200) == (LIAR, 200, 200 + 4 * SPAN_ROUNDS)
+    spans = []
+    for i in range(1, 30):  # each vote over before the next: doubling, up to the bound
+        ballot.votes(i * 10**4)
+        last = ballot.vote(A, i * 10**4)
+        assert last is not None
+        spans.append(last[2] - last[1])
+    assert (
+        spans[:3] == [SPAN_ROUNDS, 2 * SPAN_ROUNDS, 4 * SPAN_ROUNDS]
+        and max(spans) == spans[-1] == MAX_SPAN_ROUNDS
+    )
 
 
-def test_a_ballot_publishes_at_most_the_record_bound() -> None:
+def test_a_full_ballot_casts_no_new_vote_and_keeps_those_in_force() -> None:
     ballot = Ballot()
-    for i in range(records.MAX_EXCLUDES + 3):
-        ballot.vote(f"12D3KooW{'abcdefghijk'[i]}", i)
-    assert len(ballot.votes(0)) == records.MAX_EXCLUDES
+    peers = [f"12D3KooW{'abcdefghijk'[i]}" for i in range(records.MAX_EXCLUDES + 1)]
+    for i, peer in enumerate(peers[:-1]):
+        assert ballot.vote(peer, i) is not None
+    assert ballot.vote(peers[-1], 3) is None
+    assert {v[0] for v in ballot.votes(0)} == set(peers[:-1])
+    assert ballot.vote(peers[0], 5) == (peers[0], 0, 5 + SPAN_ROUNDS)  # extending one still works
+
+
+def test_a_withdrawn_vote_is_cut_at_the_round_named_ahead() -> None:
+    ballot = Ballot()
+    ballot.vote(LIAR, 10)
+    ballot.vote(A, 40)
+    ballot.withdraw([LIAR, A], 15)
+    assert ballot.votes(0) == ((LIAR, 10, 15),)  # A's vote had not started: gone
 
 
 def test_rounds_ahead_cover_the_heartbeats_lag() -> None:

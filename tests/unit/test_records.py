@@ -389,3 +389,18 @@ def test_two_votes_read_from_the_dht_leave_a_peer_out_of_every_view(dht: hivemin
     finally:
         view.close()
         off.close()
+
+
+def test_an_entry_or_leave_round_past_the_field_bound_is_clamped_not_refused(dht: hivemind.DHT) -> None:
+    """A round named from a config (a joiner's provisional entry is the run's last round) or a
+    donor's claim may exceed what a heartbeat carries; the heartbeat still goes out, clamped."""
+    from p2p_trainer.net.swarm_view import SwarmView
+
+    view = SwarmView(_Node(dht, PEER_G), "clamp", period_s=60.0, ttl_s=30.0)  # type: ignore[arg-type]
+    try:
+        view.status.enters_round = view.status.leaves_round = 2**62
+        view._refresh()
+        published = {b.peer_id: b for b in records.list_live_peers(dht, "clamp")}
+        assert published[PEER_G].enters_round == published[PEER_G].leaves_round == records.MAX_STEPS - 1
+    finally:
+        view.close()

@@ -18,10 +18,11 @@ import json
 import statistics
 from pathlib import Path
 
-from p2p_trainer.config import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
+from p2p_trainer.config import RunConfig
 from p2p_trainer.config.security import SecurityConfig
 from p2p_trainer.lab.adversary.arena import run_attack
 from p2p_trainer.lab.adversary.attacks import parse_attack
+from p2p_trainer.lab.tiny_run import tiny_config
 
 BOUNDED_WAITS = {"quorum_wait_max_s": 4.0, "grace_max_s": 2.0, "grace_min_s": 1.0, "mix1_grace_s": 2.0}
 """As in the attack tests: a member that never contributes costs a few seconds, not 30."""
@@ -29,19 +30,10 @@ BOUNDED_WAITS = {"quorum_wait_max_s": 4.0, "grace_max_s": 2.0, "grace_min_s": 1.
 
 def arm_config(method: str, rule: str, rounds: int) -> RunConfig:
     """The attack tests' tiny run; `diloco` puts all four peers in one group."""
-    outer = OuterConfig.for_method(method, num_inner_steps=5)
+    cfg = tiny_config(method, rounds=rounds, h=5, **BOUNDED_WAITS)
     if method == "diloco":
-        outer = dataclasses.replace(outer, group_size=0)
-    return RunConfig(
-        seed=0,
-        rounds=rounds,
-        model=ModelConfig(d_model=32, n_layers=2, n_heads=2, seq_len=32),
-        data=DataConfig(batch_size=4, val_batches=2),
-        inner=InnerConfig(eval_every=0, warmup_steps=2),
-        outer=outer,
-        exchange=ExchangeConfig(timeout_s=30.0, **BOUNDED_WAITS),  # type: ignore[arg-type]
-        security=SecurityConfig(robust_mean=rule),  # type: ignore[arg-type]
-    )
+        cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, group_size=0))
+    return dataclasses.replace(cfg, security=SecurityConfig(robust_mean=rule))  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from p2p_trainer import processes
-from p2p_trainer.config import DataConfig, ExchangeConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig
+from p2p_trainer.config import RunConfig
 from p2p_trainer.lab.testbed.layout import TestbedConfig
 from p2p_trainer.lab.testbed.netns import support_problem
 from p2p_trainer.lab.testbed.stale import cleanup_stale
 from p2p_trainer.lab.testbed.testbed import Testbed
+from p2p_trainer.lab.tiny_run import tiny_config as tiny_config  # the tests import it from here
 from p2p_trainer.round_log import FinalRecord, RoundRecord, read_log
 from p2p_trainer.run.launcher import LocalSwarm, local_options
 
@@ -39,20 +40,6 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def tiny_config(method: str, rounds: int, h: int = 5, **exchange: Any) -> RunConfig:
-    """A tiny model for multi-process tests; `exchange` overrides ExchangeConfig fields (of mixed
-    types; ExchangeConfig checks each against its annotation)."""
-    return RunConfig(
-        seed=0,
-        rounds=rounds,
-        model=ModelConfig(d_model=32, n_layers=2, n_heads=2, seq_len=32),
-        data=DataConfig(batch_size=4, val_batches=2),
-        inner=InnerConfig(eval_every=0, warmup_steps=2),
-        outer=OuterConfig.for_method(method, num_inner_steps=h),
-        exchange=ExchangeConfig(**{"timeout_s": 30.0, **exchange}),
-    )
 
 
 def rounds_of(run_dir: Path, i: int) -> list[RoundRecord]:

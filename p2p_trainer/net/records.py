@@ -303,6 +303,11 @@ def _word(fields: dict[str, object], name: str, vocabulary: tuple[str, ...]) -> 
     return value
 
 
+def _is_peer_id(value: object) -> bool:
+    """A base58 peer id of bounded length (what `suspects` and `excludes` name)."""
+    return isinstance(value, str) and 0 < len(value) <= _MAX_STR and set(value) <= set(B58_ALPHABET)
+
+
 MAX_SUSPECTS = 32
 """Suspects one heartbeat may name; more would not fit `MAX_RECORD_BYTES` with room to spare."""
 
@@ -311,7 +316,7 @@ def _suspects(value: object) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or len(value) > MAX_SUSPECTS:
         raise RecordError(f"field 'suspects' must be a list of at most {MAX_SUSPECTS} peer ids")
     for peer in value:
-        if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_STR or not set(peer) <= set(B58_ALPHABET):
+        if not _is_peer_id(peer):
             raise RecordError(f"field 'suspects' holds {peer!r}, not a base58 peer id")
     return tuple(value)
 
@@ -329,7 +334,7 @@ def _excludes(value: object) -> tuple[tuple[str, int, int], ...]:
         if not isinstance(vote, list | tuple) or len(vote) != 3:
             raise RecordError(f"field 'excludes' holds {vote!r}, not [peer id, first round, end round]")
         peer, first, end = vote
-        if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_STR or not set(peer) <= set(B58_ALPHABET):
+        if not _is_peer_id(peer):
             raise RecordError(f"field 'excludes' names {peer!r}, not a base58 peer id")
         # bool is an int: a vote's rounds must be plain ints
         if not all(type(r) is int for r in (first, end)) or not 0 <= first < end < MAX_STEPS:

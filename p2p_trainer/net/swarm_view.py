@@ -49,7 +49,7 @@ from p2p_trainer.net.entry import ENTRY_PERIODS, RoundPace, has_left, in_groups
 from p2p_trainer.net.exclusion import STRIKES, Ballot, Vote, rounds_ahead, voted_out
 from p2p_trainer.net.in_step import RoundHistory, out_of_step
 from p2p_trainer.net.probation import Prober
-from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats
+from p2p_trainer.net.view_bounds import HeartbeatBounds, ReplayFilter, bound_heartbeats, median_round
 
 logger = logging.getLogger(__name__)
 
@@ -486,9 +486,10 @@ class SwarmView:
         if ahead is None:
             return None
         me = self.node.peer_id
-        rounds = sorted(b.round for b in self.heartbeats() if b.peer_id != me and in_groups(b, b.round))
-        median = rounds[len(rounds) // 2] if rounds else 0
-        return max(self.status.round, median) + ahead
+        median = median_round(
+            [b.round for b in self.heartbeats() if b.peer_id != me and in_groups(b, b.round)]
+        )
+        return max(self.status.round, median or 0) + ahead
 
     def vote_out(self, peer: str, strikes: float) -> None:
         """After an offence by `peer` (`Penalties.listen`): vote it out of the groups from a round

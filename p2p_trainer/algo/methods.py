@@ -176,6 +176,7 @@ class _BlockingExchanges:
         reference: tuple[torch.Tensor, ...] | None = ZERO,
         state_digest: bytes = b"",
         asks_reagree: bool = False,
+        divergent: bool = False,
     ) -> ExchangeRequest:
         xcfg, weighted = self.xcfg, self.cfg.token_weighted
         # what is compared with zero is an update (Δ, gradients): only those take lossy codecs
@@ -197,6 +198,7 @@ class _BlockingExchanges:
             weight_floor=self.round_tokens if weighted else 1.0,
             state_digest=state_digest,
             asks_reagree=asks_reagree,
+            divergent=divergent,
         )
 
     def _start_behind(
@@ -209,6 +211,7 @@ class _BlockingExchanges:
         reference: tuple[torch.Tensor, ...] | None = None,
         step: int = 0,
         state_digest: bytes = b"",
+        divergent: bool = False,
     ) -> PendingExchange:
         """Start averaging the anchor in the background, for the length of the round's inner steps.
 
@@ -219,7 +222,9 @@ class _BlockingExchanges:
         """
         if tensors is None:
             tensors, reference = state.anchor, self._model_reference(state.round, state.anchor)
-        req = self._request(tag, state.round, group, weight, step, reference, state_digest)
+        req = self._request(
+            tag, state.round, group, weight, step, reference, state_digest, divergent=divergent
+        )
         behind_s = (self.timing.t_step_s or 0.0) * self.cfg.num_inner_steps + self.xcfg.mix1_grace_s
         wait_s = min(self.xcfg.timeout_s, max(req.grace_s, behind_s))
         req = dataclasses.replace(req, grace_s=wait_s, result_wait_s=max(req.result_wait_s, wait_s))
@@ -349,7 +354,7 @@ class DiLoCo(_NoGradientSync, _BlockingExchanges):
             self._last_reagree = state.round
             # the momenta too: after a partial round they differ, and would pull the anchors
             # apart again by α·β·(m_i − m_j) every round
-            self._reagree = self._start_behind("reagree", state, ALL, weight, both, reference)
+            self._reagree = self._start_behind("reagree", state, ALL, weight, both, reference, divergent=True)
         elif due:
             logger.info("round %d: re-agreement skipped: every member's φ and m were equal", state.round)
         self._agreed = False

@@ -59,12 +59,16 @@ class SecurityConfig:
     cosine_min: float = -0.8
     """Lowest cosine between a contribution's update and the owner's own on a part (§10). Honest
     updates of one round mostly point the same way, but short noisy rounds reach −0.5 (the tiny
-    test model at 5 inner steps), so only updates close to the owner's own reversed are refused."""
+    test model at 5 inner steps), so only updates close to the owner's own reversed are refused.
+    Both bounds also hold a part owner's weighted mean: the mean of the others' updates that it
+    implies, once this member's own share is taken out, must pass them too."""
     result_cosine_min: float = 0.0
-    """Lowest cosine between a part owner's result update and this member's own (§10). A result
-    includes this member's own update, so an honest one never points against it (0.5 to 1 on the
-    tiny test model); a reversed result does. A robust mean of three or more may leave the member's
-    own update out, so its result is held to `cosine_min` instead, where that is lower."""
+    """Lowest cosine between a part owner's result update and this member's own (§10), where this
+    member did at least half a round: its update is then a fair share of the weighted mean, and an
+    honest result does not point against it (0.5 to 1 on the tiny test model); a reversed result
+    does. A member that did a few steps of a round (a joiner's first) and a robust mean of three
+    or more, which may leave the member's own update out, are held to `cosine_min` instead: the
+    former on the mean of the others' updates the result implies, the latter on the result."""
     result_ratio_max: float = 7.0
     """R' (§10): a part owner's result may be at most R' times this member's own update away from
     this member's own values; R + 1 is what a mean of contributions within R allows (honest

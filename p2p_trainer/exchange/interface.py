@@ -126,6 +126,11 @@ class ExchangeRequest:
     """This peer's φ and m may differ from the others' (an exchange of its did not merge fully):
     said with each contribution, so that every member starts a re-agreement with it next round
     (`Ok.reagree_asked`; docs/algorithms.md §1)."""
+    divergent: bool = False
+    """The tensors are states that may have drifted apart (a re-agreement), not one round's
+    progress from a start the members share: a part owner's result is then not held to point
+    along this peer's own last step (§10, "Checks at every member"), only to the bounds a mean of
+    bounded contributions meets."""
     in_round: bool = True
     """The members are the peers in this round: a backend that knows the peers' rounds leaves out
     those too far from it to take part (`net/in_step.py`). False for an exchange that peers in

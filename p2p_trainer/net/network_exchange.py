@@ -168,7 +168,13 @@ class NetworkExchange:
         defence = None
         if self.security.defences:
             ledger = self.penalties if request.in_round else self.final_penalties
-            defence = Defence.of(self.security, ledger, request.weight_floor, stretch=request.in_round)
+            defence = Defence.of(
+                self.security,
+                ledger,
+                request.weight_floor,
+                stretch=request.in_round,
+                result_direction=not request.divergent,
+            )
         digest = hashlib.sha256("|".join(members).encode()).hexdigest()[:12]
         prefix = f"{self.run_id}/{request.tag}/{request.round}/{request.gossip_step}/"
         return GroupSpec(

@@ -9,8 +9,9 @@ the scale every other member's values are held to:
   points too far from it (cosine below a floor), is *rejected*: left out of the part like a late
   contribution, named in the result's `left_out` and `rejected`, and its sender penalised;
 - at every member, a part owner's result further than R' times the member's own update from the
-  member's own values, or pointing away from that update, is discarded for the member's own
-  values (`own_parts` > 0), and the owner is penalised.
+  member's own values, implying a mean of the others' contributions that the owner should have
+  rejected, or (where the member did a full round) pointing away from its update, is discarded for the member's own values (`own_parts` > 0), and the owner is
+  penalised.
 
 Rejecting rather than clipping: a clipped liar still moves an honest vector a bounded step in the
 direction of its choice every round, and nothing shows it; a rejected one moves nothing and is
@@ -150,10 +151,19 @@ class Defence:
     """Whether the update bounds stretch with the others' weight over this member's: in a
     round, weights are tokens and a short round's update is shorter. Off in the final agreement,
     whose weights say how recent a model is (an early stopper's 0.01), not how far it moved."""
+    result_direction: bool = True
+    """Whether a result must point along this member's own update where it did a full round
+    (`result_cosine_min`). Off for a re-agreement: its members' states may have drifted apart,
+    and the mean then points wherever the drift does."""
 
     @classmethod
     def of(
-        cls, cfg: SecurityConfig, penalties: Penalties, weight_floor: float = 1.0, stretch: bool = True
+        cls,
+        cfg: SecurityConfig,
+        penalties: Penalties,
+        weight_floor: float = 1.0,
+        stretch: bool = True,
+        result_direction: bool = True,
     ) -> Defence:
         return cls(
             cfg.update_ratio_max,
@@ -165,6 +175,7 @@ class Defence:
             penalties,
             weight_floor,
             stretch,
+            result_direction,
         )
 
     def max_weight(self, own_weight: float) -> float:
@@ -230,13 +241,26 @@ def check_contribution(
 
 
 def check_result(
-    result: np.ndarray, scale: Scale, defence: Defence, stretch: float = 1.0, count: int = 2
+    result: np.ndarray,
+    scale: Scale,
+    defence: Defence,
+    stretch: float = 1.0,
+    count: int = 2,
+    share: float | None = None,
+    full_round: bool = True,
 ) -> str | None:
     """Why a member must discard a part owner's result for its own values, or None (§10);
     `stretch` as for `check_contribution`, for the other members the result includes, `count`
-    members in all. A weighted mean includes this member's own update, so it cannot point against
-    it; a robust mean of three or more may leave that update out (trimmed, clipped), so its result
-    is held only to the floor every contribution it merged passed (`cosine_min`)."""
+    members in all, `share` this member's weight over the result's total (None: 1 / `count`),
+    `full_round` whether this member's own weight was at least half a full round's.
+
+    A weighted mean is `share` times this member's own update plus the rest times the mean of the
+    others' updates, so a result implies that mean, which must pass the bounds every contribution
+    is held to. Where this member did a full round its update is a fair part of the mean, which
+    then does not point against it (`result_cosine_min`); where it did a few steps of a round
+    the others did whole (a joiner's or rejoiner's first), the mean points wherever the others'
+    updates do. A robust mean of three or more cannot be unmixed (trimmed, clipped) and may leave
+    the member's own update out, so only its direction is checked, at the contributions' floor."""
     if scale.reference is None:
         return None
     own_update = scale.own_update
@@ -246,9 +270,26 @@ def check_result(
     moved = _bounded(distance, own_update, ratio, -1.0, tol, "distance from own values")
     if moved is not None:
         return moved
-    robust = defence.robust_mean != "mean" and count >= 3
-    floor = min(defence.cosine_min, defence.result_cosine_min) if robust else defence.result_cosine_min
-    return _bounded(scale.update(result), own_update, math.inf, floor, tol, "result update")
+    if defence.robust_mean != "mean" and count >= 3:
+        floor = min(defence.cosine_min, defence.result_cosine_min)
+        return _bounded(scale.update(result), own_update, math.inf, floor, tol, "result update")
+    own_share = 1.0 / count if share is None else share
+    if not 0.0 <= own_share < 1.0:
+        return f"its total weight leaves the other members a share of {1.0 - own_share:.3g}"
+    others = (scale.update(result) - own_share * own_update) / (1.0 - own_share)
+    implied = _bounded(
+        others,
+        own_update,
+        defence.update_ratio * stretch,
+        defence.cosine_min,
+        tol / (1.0 - own_share),
+        "implied mean of the others' updates",
+    )
+    if implied is not None or not full_round:
+        return implied
+    return _bounded(
+        scale.update(result), own_update, math.inf, defence.result_cosine_min, tol, "result update"
+    )
 
 
 def merge(
@@ -375,5 +416,7 @@ class PartChecks:
             return self._penalised(j, values, "result")
         scale = self.scale(j)
         self._margins("result", j, values, scale)
-        why = check_result(values, scale, self.defence, self._stretch(weight, count), count)
+        share = self.weight / weight if weight > 0 else 1.0
+        full = self.defence.result_direction and self.weight >= 0.5 * self.defence.weight_floor
+        why = check_result(values, scale, self.defence, self._stretch(weight, count), count, share, full)
         return self._penalised(j, why, "result")

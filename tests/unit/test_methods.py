@@ -207,12 +207,15 @@ class _Scripted:
     def __init__(self, outcomes: dict[str, list[ExchangeResult]]) -> None:
         self.outcomes = outcomes
         self.started: list[tuple[str, int]] = []
+        self.divergent: set[tuple[str, bool]] = set()
 
     def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+        self.divergent.add((request.tag, request.divergent))
         return self.outcomes[request.tag].pop(0)
 
     def start(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> PendingExchange:
         self.started.append((request.tag, request.round))
+        self.divergent.add((request.tag, request.divergent))
         done = InProcessSwarm(1, seed=0).exchange(0)
         return done.start(tensors, dataclasses.replace(request, group_size=ALL))
 
@@ -235,6 +238,8 @@ def test_diloco_reagrees_in_the_round_after_a_partial_exchange_until_one_succeed
         method.end_round(params, state, 1.0, RoundReport(state.round))
     # round 1 merged in part, round 2 failed: rounds 2 and 3 re-agree; round 3's succeeds
     assert ex.started == [("reagree", 2), ("reagree", 3)]
+    # states that drifted apart are not held to one round's direction (§10); the Δ are
+    assert ex.divergent == {("outer", False), ("reagree", True)}
 
 
 def _diloco_rounds(

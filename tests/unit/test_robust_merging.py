@@ -432,8 +432,8 @@ def test_the_final_agreements_weights_do_not_stretch_the_bounds() -> None:
 
 def test_a_robust_means_result_is_held_to_the_contribution_floor() -> None:
     """A trimmed mean of three or more may leave a member's own update out, so its honest result
-    can point somewhat against that update; a weighted mean, which includes it, cannot. A result
-    reversed outright is refused under either rule."""
+    can point somewhat against that update; a weighted mean, to which the member gave a full
+    round's update, cannot. A result reversed outright is refused under either rule."""
     own = np.zeros(8)
     own[0] = 1.0  # the update, against a zero reference
     scale = Scale.of(own, np.zeros(0), "f4")
@@ -444,6 +444,39 @@ def test_a_robust_means_result_is_held_to_the_contribution_floor() -> None:
         defence = Defence.of(SecurityConfig(robust_mean=rule), Penalties(1.0))  # type: ignore[arg-type]
         assert (check_result(aside, scale, defence, count=count) is None) == accepted, (rule, count)
         assert check_result(reversed_, scale, defence, count=count) is not None, (rule, count)
+
+
+def test_a_short_rounds_result_is_held_to_the_others_update_it_implies() -> None:
+    """A member that did one step of a round its partner did whole gets a weighted mean along the
+    partner's update, which may point slightly against its own one-step update: it keeps that
+    result, and refuses one implying a reversed partner, whatever total weight the owner claims.
+    A member that did a full round holds the result's own direction as well."""
+    rng = np.random.default_rng(5)
+    own = rng.standard_normal(64)  # one inner step
+    partner = rng.standard_normal(64)
+    partner -= (partner @ own) / (own @ own) * own + 0.1 * own  # slightly against the own update
+    partner *= 10.0 * np.linalg.norm(own) / np.linalg.norm(partner)  # twenty steps
+    scale = Scale.of(own, np.zeros(0), "f4")
+    defence = Defence.of(SecurityConfig(), Penalties(1.0), weight_floor=20.0)
+    honest = (own + 20.0 * partner) / 21.0
+    assert float(honest @ own) < 0  # the result points (slightly) against the member's update
+
+    def check(result: np.ndarray, share: float, full_round: bool = False) -> str | None:
+        return check_result(result, scale, defence, 20.0, 2, share, full_round)
+
+    assert check(honest, 1 / 21) is None
+    assert check(honest, 1 / 21, full_round=True) is not None
+    assert check((own - 20.0 * own) / 21.0, 1 / 21) is not None  # the partner's update claimed -own
+    # claiming a larger total weight (a smaller own share) does not make a reversal pass
+    assert check(-0.5 * own, 1 / 60) is not None
+    # nor claiming the result is (almost) this member's own values, to hide a large change
+    assert check(own + 0.5 * partner, 0.99) is not None
+    assert check(own, 1.0) is not None  # nothing left for the other members
+    checks = _pair_checks(own, 1.0, defence)  # through the member's checks: share from the weights
+    assert checks.result(1, honest, 21.0, 2) is None
+    assert checks.result(1, (own - 20.0 * own) / 21.0, 21.0, 2) is not None
+    full = _pair_checks(own, 20.0, defence)  # the same vectors behind a full round of its own
+    assert full.result(1, honest, 40.0, 2) is not None
 
 
 def test_an_owner_cannot_claim_more_members_than_it_merged() -> None:
@@ -459,3 +492,20 @@ def test_an_owner_cannot_claim_more_members_than_it_merged() -> None:
     assert named([0, 1, 1], 2) is None
     assert named([0, True], 2) is None
     assert named([0, 2], 2) is None
+
+
+def test_a_reagreements_result_is_not_held_to_the_own_last_steps_direction() -> None:
+    """Re-agreement averages states that drifted apart: its honest mean points along the drift,
+    which may be against this member's last outer step; only the bounds a mean of bounded
+    contributions meets apply, and a reversed partner is still refused."""
+    own = np.zeros(8)
+    own[0] = 1.0  # the last outer step, against the previous state
+    drift = np.zeros(8)
+    drift[:2] = (-2.4, 1.6)  # the partner's state: one step along, drifted aside and back
+    honest = (own + (own + drift)) / 2
+    assert float(honest @ own) < 0
+    for direction, accepted in ((True, False), (False, True)):
+        defence = Defence.of(SecurityConfig(), Penalties(1.0), result_direction=direction)
+        checks = _pair_checks(own, 1.0, defence)
+        assert (checks.result(1, honest, 2.0, 2) is None) == accepted, direction
+        assert checks.result(1, (own - 3.0 * own) / 2, 2.0, 2) is not None, direction

@@ -143,6 +143,9 @@ def grace_tracker(cfg: ExchangeConfig) -> GraceTracker:
 class _BlockingExchanges:
     """Shared by the methods: one timed, recorded exchange with a quorum and grace window (§4)."""
 
+    TOKEN_WEIGHTS = True
+    """Whether the exchanges weigh by tokens where `token_weighted` is on (§5)."""
+
     def __init__(
         self,
         cfg: OuterConfig,
@@ -178,7 +181,7 @@ class _BlockingExchanges:
         asks_reagree: bool = False,
         divergent: bool = False,
     ) -> ExchangeRequest:
-        xcfg, weighted = self.xcfg, self.cfg.token_weighted
+        xcfg, weighted = self.xcfg, self.cfg.token_weighted and self.TOKEN_WEIGHTS
         # what is compared with zero is an update (Δ, gradients): only those take lossy codecs
         codec, results = self._codecs[reference is not None and len(reference) == 0]
         return ExchangeRequest(
@@ -510,6 +513,9 @@ class FactoredGossip(_NoGradientSync, _BlockingExchanges):
 
 class DataParallel(_BlockingExchanges):
     """Per-step gradient averaging over all peers: the quality ceiling, the bandwidth floor."""
+
+    TOKEN_WEIGHTS = False
+    """Every step's gradient counts once: weights are all 1, and so is the weight bound's floor."""
 
     def begin_round(self, state: OuterState, weight: float) -> None:
         return None

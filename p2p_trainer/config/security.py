@@ -64,11 +64,12 @@ class SecurityConfig:
     implies, once this member's own share is taken out, must pass them too."""
     result_cosine_min: float = 0.0
     """Lowest cosine between a part owner's result update and this member's own (§10), where this
-    member did at least half a round: its update is then a fair share of the weighted mean, and an
-    honest result does not point against it (0.5 to 1 on the tiny test model); a reversed result
-    does. A member that did a few steps of a round (a joiner's first) and a robust mean of three
-    or more, which may leave the member's own update out, are held to `cosine_min` instead: the
-    former on the mean of the others' updates the result implies, the latter on the result."""
+    member's weight is at least half the others' mean: its update is then a fair share of the
+    weighted mean, and an honest result does not point against it (0.5 to 1 on the tiny test
+    model); a reversed result does. Not held where the member did a few steps of a round (a
+    joiner's first; the mean of the others' updates the result implies is held to `cosine_min`),
+    in a re-agreement (its mean points along the drift between states), or under a robust mean of
+    three or more, which may leave the member's own update out (held to `cosine_min`)."""
     result_ratio_max: float = 7.0
     """R' (§10): a part owner's result may be at most R' times this member's own update away from
     this member's own values; R + 1 is what a mean of contributions within R allows (honest

@@ -246,7 +246,7 @@ async def _result_part(
     if isinstance(checked, str):
         return checked, received
     included = _included(msg, n) if msg is not None else None
-    if included is None:
+    if included is None or j not in included:  # an owner always merges its own values
         return "has no valid list of included members", received
     return (checked[0], included, checked[1]), received
 

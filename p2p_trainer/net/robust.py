@@ -47,6 +47,11 @@ WIRE_TOLERANCE = {"f4": 1e-6, "f2": 2e-3, "bf": 8e-3, "i8": 1e-2, "i4": 0.2, "tk
 rounding."""
 
 
+SHORT_ROUND_STRETCH = 2.0
+"""A member whose weight is below 1 / this of the other members' mean weight did a short round (a
+joiner's or rejoiner's first): a result's own direction says nothing there (`check_result`)."""
+
+
 STRIKE_HALF_LIVES = 4.0
 """How many times slower than a penalty an offence's strike decays (`Penalties.strikes`)."""
 
@@ -252,7 +257,7 @@ def check_result(
     """Why a member must discard a part owner's result for its own values, or None (§10);
     `stretch` as for `check_contribution`, for the other members the result includes, `count`
     members in all, `share` this member's weight over the result's total (None: 1 / `count`),
-    `full_round` whether this member's own weight was at least half a full round's.
+    `full_round` whether this member's weight was at least half the others' mean weight.
 
     A weighted mean is `share` times this member's own update plus the rest times the mean of the
     others' updates, so a result implies that mean, which must pass the bounds every contribution
@@ -416,7 +421,14 @@ class PartChecks:
             return self._penalised(j, values, "result")
         scale = self.scale(j)
         self._margins("result", j, values, scale)
-        share = self.weight / weight if weight > 0 else 1.0
-        full = self.defence.result_direction and self.weight >= 0.5 * self.defence.weight_floor
-        why = check_result(values, scale, self.defence, self._stretch(weight, count), count, share, full)
+        # each other member's weight passed an owner's bound, which this member's own bound
+        # matches for honest weights: a larger total would stretch every bound below
+        most = self.weight + (count - 1) * self.defence.max_weight(self.weight)
+        if weight > most * (1.0 + 1e-9):
+            return self._penalised(
+                j, f"total weight {weight:.6g} exceeds {most:.6g} for {count} members", "result"
+            )
+        share, stretch = self.weight / weight, self._stretch(weight, count)
+        full = self.defence.result_direction and stretch < SHORT_ROUND_STRETCH
+        why = check_result(values, scale, self.defence, stretch, count, share, full)
         return self._penalised(j, why, "result")

@@ -348,3 +348,28 @@ def test_a_diverged_peer_asks_and_the_others_join_its_reagreement_the_next_round
     # in round 1 (its re-agreement was still in flight) but the others joined one a round ago
     assert tags[0] == [["outer", "reagree"], ["outer", "reagree"], ["outer"], ["outer"]], tags
     assert tags[1] == tags[2] == [["outer"], ["outer", "reagree"], ["outer"], ["outer"]], tags
+
+
+def test_gradient_averaging_weighs_steps_equally_and_bounds_weights_at_one() -> None:
+    """Data-parallel gradients count once per step: a weight of 1 against a floor of a round's
+    tokens would let a member claim thousands of times its weight and stretch every bound (§10)."""
+    seen: list[ExchangeRequest] = []
+    full = Ok([torch.zeros(4)], group_size=2, total_weight=2.0)
+
+    class Recording(_Scripted):
+        def average(self, tensors: Sequence[torch.Tensor], request: ExchangeRequest) -> ExchangeResult:
+            seen.append(request)
+            return full
+
+    methods = {
+        name: build_method(OuterConfig.for_method(name), Recording({}), round_tokens=4096.0)
+        for name in ("data-parallel", "diloco")
+    }
+    methods["data-parallel"].sync_gradients([torch.zeros(4)], 0, RoundReport(0))
+    methods["diloco"].end_round(
+        [torch.zeros(4)], OuterState.from_params([torch.zeros(4)]), 4096.0, RoundReport(0)
+    )
+    assert [(r.tag, r.weight, r.weight_floor) for r in seen] == [
+        ("grad", 1.0, 1.0),
+        ("outer", 4096.0, 4096.0),
+    ]

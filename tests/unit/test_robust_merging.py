@@ -509,3 +509,42 @@ def test_a_reagreements_result_is_not_held_to_the_own_last_steps_direction() -> 
         checks = _pair_checks(own, 1.0, defence)
         assert (checks.result(1, honest, 2.0, 2) is None) == accepted, direction
         assert checks.result(1, (own - 3.0 * own) / 2, 2.0, 2) is not None, direction
+
+
+def test_a_results_total_weight_and_members_bound_what_it_may_stretch() -> None:
+    """The total weight a result claims sets the stretch of every bound on it: more than its
+    members could hold (each within this member's weight bound) is refused, so an owner cannot
+    stretch the bounds, or pass for a short round's partner, by claiming weight."""
+    own = np.zeros(8)
+    own[0] = 1.0
+    aside = np.zeros(8)
+    aside[:2] = (-0.3, 0.95)  # cosine -0.3: refused from a full round's partner (the direction)
+    defence = Defence.of(SecurityConfig(), Penalties(1.0), weight_floor=20.0)
+    checks = _pair_checks(own, 20.0, defence)
+    assert checks.result(1, own, 40.0, 2) is None  # an honest pair's total
+    assert checks.result(1, own, 20.0 + 1.5 * 20.0, 2) is None  # the partner at the weight bound
+    assert checks.result(1, own, 20.0 + 1.5 * 20.0 + 1.0, 2) is not None
+    assert checks.result(1, aside, 50.0, 2) is not None
+    short = _pair_checks(own, 1.0, defence)  # one step of twenty: the partner's round leads
+    assert short.result(1, aside, 21.0, 2) is None
+    assert short.result(1, aside, 1.0 + 1.5 * 20.0 + 1.0, 2) is not None
+
+
+def test_a_result_that_leaves_its_owner_out_is_refused() -> None:
+    from p2p_trainer.net.allreduce import _result_part
+
+    async def part(members: list[int]) -> object:
+        transport = type("T", (), {})()
+        message = Message("owner", {"key": "k", "in": members, "w": 2.0, "n": 2, "dt": "f4"}, b"\0" * 8)
+
+        class Box:
+            async def get(self, key: str, timeout: float) -> Message:
+                return message
+
+        transport.mailbox = Box()
+        group = type("G", (), {"key": "k", "members": ["me", "owner"], "max_weight": 10.0})()
+        got, _ = await _result_part(transport, group, 1, 2, time.monotonic() + 1)  # type: ignore[arg-type]
+        return got
+
+    assert not isinstance(asyncio.run(part([0, 1])), str)
+    assert asyncio.run(part([0])) == "has no valid list of included members"

@@ -206,14 +206,13 @@ class RoundPace:
             seen[b.peer_id] = starts
         self._starts = seen
 
-    def round_s(self, self_id: str, lower: bool = False) -> float:
+    def round_s(self, self_id: str) -> float:
         """The median over the other peers of (their latest start − their earliest) ÷ the rounds in
-        between, the upper one of an even count (`lower`: the lower one, the quicker pace); 0
-        where no peer has shown two rounds yet."""
+        between; 0 where no peer has shown two rounds yet."""
         with self._lock:
             paces = sorted(
                 (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0])
                 for peer, s in self._starts.items()
                 if peer != self_id and len(s) >= 2
             )
-        return paces[(len(paces) - (1 if lower else 0)) // 2] if paces else 0.0
+        return paces[len(paces) // 2] if paces else 0.0

@@ -425,10 +425,9 @@ class SwarmView:
         self.status.leaves_round = round
         self._wake.set()
 
-    def round_s(self, lower: bool = False) -> float:
-        """The swarm's round time as its peers' heartbeats show it (0: not seen yet; `lower`: the
-        lower median of an even count of peers, `RoundPace.round_s`)."""
-        return self._pace.round_s(self.node.peer_id, lower)
+    def round_s(self) -> float:
+        """The swarm's round time as its peers' heartbeats show it (0: not seen yet)."""
+        return self._pace.round_s(self.node.peer_id)
 
     def wait_for_pace(self, timeout_s: float) -> None:
         """Block until the swarm's round time is measured (`round_s`) or `timeout_s` passes."""

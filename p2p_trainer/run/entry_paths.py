@@ -358,18 +358,10 @@ def alone_rounds(previous: int, m: RoundMetrics) -> int:
     return 0 if met else previous + 1
 
 
-def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int, round_s: float = 0.0) -> int:
-    """A peer's round now, from its heartbeat: the round it reported plus the rounds since then
-    (heartbeats are up to a period old; rounds can be much shorter). The rounds since are what
-    its reported throughput allows, and no more than the swarm's pace as this view measured it
-    (`round_s`; 0: not measured): a throughput is one round's, and a peer whose rounds alternate
-    between quick merges and quorum waits may have reported a quick one. Extrapolated, that puts
-    the swarm far ahead of where it is, and a peer cut off and racing ahead alone then never finds
-    itself ahead of the swarm."""
-    age = max(0.0, now - beat.timestamp)
-    rounds_since = age * beat.throughput_tokens_per_s / max(1, tokens_per_round)
-    if round_s > 0:
-        rounds_since = min(rounds_since, age / round_s)
+def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
+    """A peer's round now, from its heartbeat: the round it reported plus the rounds its reported
+    throughput allows since then (heartbeats are up to a period old; rounds can be much shorter)."""
+    rounds_since = max(0.0, now - beat.timestamp) * beat.throughput_tokens_per_s / max(1, tokens_per_round)
     # the throughput is another peer's claim: an absurd one (or an overflow to inf) adds nothing
     return beat.round + (int(min(rounds_since, 1e9)) if math.isfinite(rounds_since) else 0)
 
@@ -410,12 +402,11 @@ class Rejoin:
         )
 
     def _rejoin(self) -> int | None:
-        # the quicker of two middle paces: one peer's slow round starts cannot hold the others back
-        peer, now, pace_s = self.peer, records.now(), self.view.round_s(lower=True)
+        peer, now = self.peer, records.now()
         # peers that stopped for their time bound (`entry.py`) are no swarm to catch up with:
         # the last peer training alone is not cut off
         others = {
-            h.peer_id: estimated_round(h, now, self.tokens_per_round, pace_s)
+            h.peer_id: estimated_round(h, now, self.tokens_per_round)
             for h in self.view.heartbeats()
             if h.peer_id != self.transport.peer_id and not has_left(h, h.round)
         }

@@ -166,6 +166,3 @@ def test_estimated_round_adds_what_the_reported_throughput_allows() -> None:
     beat = Heartbeat("x", 10, 0, None, 500.0, "0", timestamp=100.0)
     assert estimated_round(beat, 102.0, 250) == 14  # 2 s at 2 rounds/s
     assert estimated_round(beat, 99.0, 250) == 10  # clock skew: never fewer
-    # the swarm's pace as the view measured it caps one round's throughput: 2 s at 1 round/s
-    assert estimated_round(beat, 102.0, 250, round_s=1.0) == 12
-    assert estimated_round(beat, 102.0, 250, round_s=0.1) == 14  # the throughput is the lower

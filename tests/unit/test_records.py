@@ -371,7 +371,7 @@ def test_two_votes_read_from_the_dht_leave_a_peer_out_of_every_view(dht: hivemin
         view.status.round = 3
         view._refresh()  # the view thread's period is 60 s here: read the DHT now
         assert view.outside_groups(5) == set()  # one vote each, the liar's against two honest peers
-        view.round_s = lambda lower=False: 10.0  # type: ignore[method-assign]  # 60 s periods: 2.5 of them ahead
+        view.round_s = lambda: 10.0  # type: ignore[method-assign]  # 60 s periods: 2.5 of them ahead
         view.vote_out(liar, strikes=1.2)  # a first offence (and its strike's decay) is no vote
         assert view.ballot.votes(3) == ()
         view.vote_out(liar, strikes=1.6)

@@ -60,9 +60,11 @@ def fuzz_wire_values(case: tuple[dict[str, Any], bytes, int]) -> None:
 
 def fuzz_result_members(members: Any, n: int) -> None:
     """The members an owner's result names decide how it is checked (§10): only distinct indices
-    into the group pass."""
-    out = _included(Message("owner", {"key": "k", "in": members}, b""), n)
-    assert out is None or (len(set(out)) == len(out) and all(type(i) is int and 0 <= i < n for i in out)), out
+    into the group that name the owner (index 0 here) pass."""
+    out = _included(Message("owner", {"key": "k", "in": members}, b""), n, 0)
+    assert out is None or (
+        len(set(out)) == len(out) and 0 in out and all(type(i) is int and 0 <= i < n for i in out)
+    ), out
 
 
 def fuzz_state_header(header: dict[str, Any]) -> None:

@@ -225,13 +225,14 @@ async def _watch_late(
         on_late(time.monotonic() - started)
 
 
-def _included(msg: Message, n: int) -> list[int] | None:
-    """The members an owner's result says it merged: distinct indices into the group, or None.
-    Their count decides how a member checks the result (§10), so a repeated index is refused."""
+def _included(msg: Message, n: int, owner: int) -> list[int] | None:
+    """The members an owner's result says it merged: distinct indices into the group, the owner
+    (index `owner`) among them since it always merges its own values, or None. Their count
+    decides how a member checks the result (§10), so a repeated index is refused."""
     members = msg.header.get("in")
     if not isinstance(members, list) or not all(type(i) is int and 0 <= i < n for i in members):
         return None
-    return members if len(set(members)) == len(members) else None
+    return members if len(set(members)) == len(members) and owner in members else None
 
 
 async def _result_part(
@@ -245,8 +246,8 @@ async def _result_part(
     checked = check_message(msg, size, n * group.max_weight)
     if isinstance(checked, str):
         return checked, received
-    included = _included(msg, n) if msg is not None else None
-    if included is None or j not in included:  # an owner always merges its own values
+    included = _included(msg, n, j) if msg is not None else None
+    if included is None:
         return "has no valid list of included members", received
     return (checked[0], included, checked[1]), received
 

@@ -10,8 +10,8 @@ the scale every other member's values are held to:
   contribution, named in the result's `left_out` and `rejected`, and its sender penalised;
 - at every member, a part owner's result further than R' times the member's own update from the
   member's own values, implying a mean of the others' contributions that the owner should have
-  rejected, or (where the member did a full round) pointing away from its update, is discarded for the member's own values (`own_parts` > 0), and the owner is
-  penalised.
+  rejected, or (where the member did a full round) pointing away from its update, is discarded
+  for the member's own values (`own_parts` > 0), and the owner is penalised.
 
 Rejecting rather than clipping: a clipped liar still moves an honest vector a bounded step in the
 direction of its choice every round, and nothing shows it; a rejected one moves nothing and is
@@ -252,20 +252,21 @@ def check_result(
     stretch: float = 1.0,
     count: int = 2,
     share: float | None = None,
-    full_round: bool = True,
+    direction: bool = True,
 ) -> str | None:
     """Why a member must discard a part owner's result for its own values, or None (§10);
     `stretch` as for `check_contribution`, for the other members the result includes, `count`
     members in all, `share` this member's weight over the result's total (None: 1 / `count`),
-    `full_round` whether this member's weight was at least half the others' mean weight.
+    `direction` whether a weighted mean must also point along this member's own update.
 
     A weighted mean is `share` times this member's own update plus the rest times the mean of the
     others' updates, so a result implies that mean, which must pass the bounds every contribution
-    is held to. Where this member did a full round its update is a fair part of the mean, which
-    then does not point against it (`result_cosine_min`); where it did a few steps of a round
-    the others did whole (a joiner's or rejoiner's first), the mean points wherever the others'
-    updates do. A robust mean of three or more cannot be unmixed (trimmed, clipped) and may leave
-    the member's own update out, so only its direction is checked, at the contributions' floor."""
+    is held to. Where this member's round was as long as the others' (outside a re-agreement) its
+    update is a fair part of the mean, which then does not point against it (`result_cosine_min`);
+    where it did a few steps of a round the others did whole (a joiner's or rejoiner's first),
+    the mean points wherever the others' updates do. A robust mean of three or more cannot be
+    unmixed (trimmed, clipped) and may leave the member's own update out, so only its direction
+    is checked, at the contributions' floor."""
     if scale.reference is None:
         return None
     own_update = scale.own_update
@@ -275,26 +276,24 @@ def check_result(
     moved = _bounded(distance, own_update, ratio, -1.0, tol, "distance from own values")
     if moved is not None:
         return moved
-    if defence.robust_mean != "mean" and count >= 3:
-        floor = min(defence.cosine_min, defence.result_cosine_min)
-        return _bounded(scale.update(result), own_update, math.inf, floor, tol, "result update")
-    own_share = 1.0 / count if share is None else share
-    if not 0.0 <= own_share < 1.0:
-        return f"its total weight leaves the other members a share of {1.0 - own_share:.3g}"
-    others = (scale.update(result) - own_share * own_update) / (1.0 - own_share)
-    implied = _bounded(
-        others,
-        own_update,
-        defence.update_ratio * stretch,
-        defence.cosine_min,
-        tol / (1.0 - own_share),
-        "implied mean of the others' updates",
-    )
-    if implied is not None or not full_round:
-        return implied
-    return _bounded(
-        scale.update(result), own_update, math.inf, defence.result_cosine_min, tol, "result update"
-    )
+    update = scale.update(result)
+    robust = defence.robust_mean != "mean" and count >= 3
+    if not robust:
+        own_share = 1.0 / count if share is None else share
+        if not 0.0 <= own_share < 1.0:
+            return f"its total weight leaves the other members a share of {1.0 - own_share:.3g}"
+        implied = _bounded(
+            (update - own_share * own_update) / (1.0 - own_share),
+            own_update,
+            defence.update_ratio * stretch,
+            defence.cosine_min,
+            tol / (1.0 - own_share),
+            "implied mean of the others' updates",
+        )
+        if implied is not None or not direction:
+            return implied
+    floor = min(defence.cosine_min, defence.result_cosine_min) if robust else defence.result_cosine_min
+    return _bounded(update, own_update, math.inf, floor, tol, "result update")
 
 
 def merge(
@@ -429,6 +428,6 @@ class PartChecks:
                 j, f"total weight {weight:.6g} exceeds {most:.6g} for {count} members", "result"
             )
         share, stretch = self.weight / weight, self._stretch(weight, count)
-        full = self.defence.result_direction and stretch < SHORT_ROUND_STRETCH
-        why = check_result(values, scale, self.defence, stretch, count, share, full)
+        direction = self.defence.result_direction and stretch < SHORT_ROUND_STRETCH
+        why = check_result(values, scale, self.defence, stretch, count, share, direction)
         return self._penalised(j, why, "result")

@@ -461,11 +461,11 @@ def test_a_short_rounds_result_is_held_to_the_others_update_it_implies() -> None
     honest = (own + 20.0 * partner) / 21.0
     assert float(honest @ own) < 0  # the result points (slightly) against the member's update
 
-    def check(result: np.ndarray, share: float, full_round: bool = False) -> str | None:
-        return check_result(result, scale, defence, 20.0, 2, share, full_round)
+    def check(result: np.ndarray, share: float, direction: bool = False) -> str | None:
+        return check_result(result, scale, defence, 20.0, 2, share, direction)
 
     assert check(honest, 1 / 21) is None
-    assert check(honest, 1 / 21, full_round=True) is not None
+    assert check(honest, 1 / 21, direction=True) is not None
     assert check((own - 20.0 * own) / 21.0, 1 / 21) is not None  # the partner's update claimed -own
     # claiming a larger total weight (a smaller own share) does not make a reversal pass
     assert check(-0.5 * own, 1 / 60) is not None
@@ -484,11 +484,13 @@ def test_an_owner_cannot_claim_more_members_than_it_merged() -> None:
     to a lower floor), so an owner in a pair that repeats an index to claim three is refused."""
     from p2p_trainer.net.allreduce import _included
 
-    def named(members: object, n: int) -> list[int] | None:
-        return _included(Message("owner", {"key": "k", "in": members}, b""), n)
+    def named(members: object, n: int, owner: int = 1) -> list[int] | None:
+        return _included(Message("owner", {"key": "k", "in": members}, b""), n, owner)
 
     assert named([0, 1], 2) == [0, 1]
     assert named([1], 2) == [1]
+    assert named([0], 2) is None  # an owner always merges its own values
+    assert named([0], 2, owner=0) == [0]
     assert named([0, 1, 1], 2) is None
     assert named([0, True], 2) is None
     assert named([0, 2], 2) is None
@@ -528,23 +530,3 @@ def test_a_results_total_weight_and_members_bound_what_it_may_stretch() -> None:
     short = _pair_checks(own, 1.0, defence)  # one step of twenty: the partner's round leads
     assert short.result(1, aside, 21.0, 2) is None
     assert short.result(1, aside, 1.0 + 1.5 * 20.0 + 1.0, 2) is not None
-
-
-def test_a_result_that_leaves_its_owner_out_is_refused() -> None:
-    from p2p_trainer.net.allreduce import _result_part
-
-    async def part(members: list[int]) -> object:
-        transport = type("T", (), {})()
-        message = Message("owner", {"key": "k", "in": members, "w": 2.0, "n": 2, "dt": "f4"}, b"\0" * 8)
-
-        class Box:
-            async def get(self, key: str, timeout: float) -> Message:
-                return message
-
-        transport.mailbox = Box()
-        group = type("G", (), {"key": "k", "members": ["me", "owner"], "max_weight": 10.0})()
-        got, _ = await _result_part(transport, group, 1, 2, time.monotonic() + 1)  # type: ignore[arg-type]
-        return got
-
-    assert not isinstance(asyncio.run(part([0, 1])), str)
-    assert asyncio.run(part([0])) == "has no valid list of included members"

@@ -7,7 +7,7 @@ cannot do is answer a stream opened to its peer id: libp2p authenticates the rem
 key behind that id, so every answering phantom is a running host of the attacker's.
 
 So with the defences on, an open swarm's view shows only the peers this one has seen alive: those
-whose messages reached it (or that took one from it), and those that answered a probe, a stream
+whose messages reached it, and those that answered a probe, a stream
 to the no-op HELLO protocol, directly or, for a peer behind NAT, through a relay
 (`message_relay.py`). A peer that has not answered is probed again after a backoff that doubles
 up to `MAX_RETRY_S`; one this peer suspects (a send to it failed) is back on probation. Every
@@ -93,7 +93,7 @@ class Probation:
         self._retry_at[peer] = self.clock() + wait_s
 
     def vouch(self, peers: set[str]) -> None:
-        """`peers` exchanged messages with this one (took one, or sent one): they run."""
+        """`peers` sent this one messages: they run."""
         for peer in peers - self._suspected:
             self.vouched.add(peer)
             self._known_alive.add(peer)

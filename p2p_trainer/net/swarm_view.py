@@ -338,7 +338,7 @@ class SwarmView:
             return {b.peer_id for b in self._peers} - {self.node.peer_id}
 
     def _heard_unsuspected(self) -> set[str]:
-        """Peers whose messages arrived (or that took one) within `ttl_s`, less those a send to
+        """Peers whose messages arrived within `ttl_s`, less those a send to
         failed since (`share_suspects`)."""
         heard = self._heard(self.ttl_s) if self._heard is not None else set()
         return heard - self._suspects()

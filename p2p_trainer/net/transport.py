@@ -303,7 +303,9 @@ class Transport:
         self.direct_sent = 0
         """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
-        """Peer id -> monotonic time a message from it arrived or one to it was delivered."""
+        """Peer id -> monotonic time a message from it arrived. A delivery to it does not count:
+        a host that takes every message and sends none (a member that never contributes) would
+        then stay live in the view of every peer whose groups it is drawn into, for good."""
         self._hello_at: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._relay_probes: asyncio.Semaphore | None = None
         """Created on the transport's loop, at the first probe."""
@@ -411,7 +413,6 @@ class Transport:
     def _sent(self, peer_id: str, payload: bytes) -> None:
         self.bytes_sent += len(payload)
         self.messages_sent += 1
-        self._last_heard[peer_id] = time.monotonic()
 
     async def _send_relayed(
         self, relays: list[str], peer_id: str, header: dict[str, Any], payload: bytes
@@ -621,7 +622,7 @@ class Transport:
         return self.direct.refused if self.direct is not None else 0
 
     def heard_within(self, seconds: float) -> set[str]:
-        """Peers that sent this one a message, or took one from it, within the last `seconds`."""
+        """Peers that sent this one a message within the last `seconds`."""
         since = time.monotonic() - seconds
         return {p for p, t in list(self._last_heard.items()) if t >= since}
 

@@ -293,6 +293,23 @@ def test_streams_are_bounded_per_sender_and_in_time() -> None:
         transport.close()
 
 
+def test_only_a_peer_that_sends_counts_as_heard_not_one_that_only_takes() -> None:
+    # a host that takes every message and sends none (a member that never contributes) must not
+    # stay live in the view of the peers whose groups it is drawn into by their own deliveries
+    transport = _Offline(cast(DHT, None), max_payload_bytes=1 << 20, security=SecurityConfig())
+    try:
+        transport._sent("silent", b"x" * 10)  # a delivery to it, as every send path records it
+
+        async def arrive() -> None:  # the mailbox lives on the transport's loop
+            transport._deliver("talker", {"key": "run/x|c|0"}, b"y")
+
+        transport.run(arrive(), timeout_s=5)
+        assert transport.heard_within(60) == {"talker"}
+        assert transport.messages_sent == 1 and transport.bytes_sent == 10
+    finally:
+        transport.close()
+
+
 def test_a_sender_entering_the_view_meanwhile_is_taken_not_refused() -> None:
     # a peer that has just joined sends before this one's view has read its heartbeat; the stream
     # waits for the view instead of being closed (which its sender would take for a delivery)

@@ -61,7 +61,20 @@ RESTART_ROUNDS = 400
 """`replay-leave`'s arms: the arena stops one honest peer at a twentieth of the rounds and starts it
 again, which takes it 10-30 s; the others must still be training when it is back (tiny rounds
 take about 0.15 s)."""
-LONG_ARMS = THROUGH_THE_VIEW | {f"streams:{STREAMS}", "replay-leave", "donor-late:100"}
+LATE_DONOR = "donor-late:60"
+"""A donor serving the seed's weights 60 rounds ahead of the swarm's latest round, advertised once
+the swarm trains, against a peer that joins it at round LATE_ROUND: its round is plausible (within
+the window above the median) and a joiner starts from the seed too, so its loss check passes them;
+only a second donor's state, the swarm's, refuses them."""
+LATE_ROUNDS = 300
+LATE_H = 20
+"""The late-join arms' rounds and inner steps. A joiner takes 10-20 s to start. The round window
+(100 rounds) and the heartbeats' lag (up to two view periods: the joiner counts donors within
+that many rounds of the latest as fresh, in a random order) are counted in rounds, so rounds
+four times longer than the others' keep the lead ahead of every honest donor and inside the
+window (in a run of 7 Dec 2026 the joiner's heartbeats lagged the donors' states by 17 rounds),
+and the swarm far from its end when the joiner arrives (round 25-45 of 300)."""
+LONG_ARMS = THROUGH_THE_VIEW | {f"streams:{STREAMS}", "replay-leave", LATE_DONOR}
 """Arms that run LONG_ROUNDS: the view attacks (above), and the endless streams, which the attacker
 opens only once it has found the honest peers, a few seconds before thirty tiny rounds end."""
 SPAM = "spam:32"
@@ -74,11 +87,6 @@ MOMENTUM_DONOR = "donor-momentum:1"
 """The same lone donor serving the seed's weights (each starting peer's own, so no check of the
 weights can refuse them) at round 1, with an outer momentum of 1000x those weights: only the rule
 that a joiner takes no momentum a second donor does not back stands in its way."""
-LATE_DONOR = "donor-late:100"
-"""A donor serving the seed's weights at round 100 of LONG_ROUNDS, advertised once the swarm
-trains, against a peer that joins it at round LATE_ROUND: its round is plausible (the median is
-far below the window) and a joiner starts from the seed too, so its loss check passes them; only
-a second donor's state, the swarm's, refuses them."""
 OTHERS = ["donor", LONE_DONOR, MOMENTUM_DONOR, LATE_DONOR, f"streams:{STREAMS}", SPAM]
 ATTACKS = CONTRIBUTIONS + RECORDS + OTHERS
 
@@ -117,11 +125,14 @@ ACTED = {"peer": "adversary: tampered", "records": "forged records", "donor": "r
 def _rounds(name: str) -> int:
     if name == "replay-leave":
         return RESTART_ROUNDS
+    if name == LATE_DONOR:
+        return LATE_ROUNDS
     return LONG_ROUNDS if name in LONG_ARMS else ROUNDS
 
 
 def _config(defences: bool, rounds: int = ROUNDS) -> RunConfig:
-    cfg = tiny_config("factored", rounds=rounds, h=H, **BOUNDED_WAITS)
+    h = LATE_H if rounds == LATE_ROUNDS else H
+    cfg = tiny_config("factored", rounds=rounds, h=h, **BOUNDED_WAITS)
     return dataclasses.replace(cfg, security=SecurityConfig(defences=defences))
 
 
@@ -166,7 +177,7 @@ def clean_restart(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 @pytest.fixture(scope="module")
 def clean_late(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     """The control of `LATE_DONOR`: the same peer joins late, and nobody attacks."""
-    return _clean_run(tmp_path_factory, LONG_ROUNDS, late=True)
+    return _clean_run(tmp_path_factory, LATE_ROUNDS, late=True)
 
 
 def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
@@ -215,7 +226,8 @@ def test_defended_swarm_trains_on(tmp_path: Path, name: str, request: pytest.Fix
         assert grew <= memory_mib, f"an honest peer's memory peaked {grew:.0f} MiB above the clean run's"
     if name == LATE_DONOR:  # refused for disagreeing with a second donor, not for its round or loss
         joiner = (tmp_path / "peer2" / "log.txt").read_text(errors="replace")
-        assert "round-100 state disagrees with" in joiner, joiner[-3000:]
+        refused = rf"donor {_attacker_id(tmp_path)[-8:]}: its round-\d+ state disagrees with"
+        assert re.search(refused, joiner), joiner[-3000:]
     if name == "replay-leave":  # the returning peer merges again, as in the clean run
         assert not _left_alone(out, clean), (
             f"the peer that came back was left alone: {out.row(clean.mean_loss)}"
@@ -293,11 +305,18 @@ HARM: dict[str, Harm] = {
 }
 
 
-SHOWN_IN_THE_LOG = {LATE_DONOR: ("peer2", "late join: adopted round 100 from")}
+SHOWN_IN_THE_LOG = {LATE_DONOR: ("peer2", r"late join: adopted round \d+ from {attacker}")}
 """Attacks whose harm the swarm heals before the end, so the final loss cannot show it: what the
-victim's log says instead. Undefended, the late joiner adopts the seed at round 100 (two thirds of
-the run ahead of the swarm), merges in almost none of its rounds, and once alone long enough it
-rejoins the swarm by download; its final loss was within 0.1% of the control's (7 Dec 2026)."""
+victim's log says instead (a pattern; `{attacker}`: the end of the attacker's peer id, as logs
+print it). Undefended, the late joiner adopts the seed rounds ahead of the swarm, merges in almost
+none of its rounds, and once alone long enough it rejoins the swarm by download; its final loss
+was within 0.1% of the control's (7 Dec 2026)."""
+
+
+def _attacker_id(run_dir: Path) -> str:
+    """The peer id of a run's donor attacker (its key is in the run's key folder)."""
+    return load_or_create_identity(run_dir / "keys" / "attacker.key").peer_id
+
 
 HARMLESS_UNDEFENDED = {"replay"}
 """Attacks that the view resists with the defences off: a replayed heartbeat keeps the time it
@@ -314,7 +333,8 @@ def test_undefended_swarm_is_hurt(tmp_path: Path, name: str, request: pytest.Fix
     if name in SHOWN_IN_THE_LOG:
         peer, says = SHOWN_IN_THE_LOG[name]
         log = (tmp_path / peer / "log.txt").read_text(errors="replace")
-        assert says in log, f"the attack did not take: {out.row(clean.mean_loss)}\n{log[-3000:]}"
+        took = re.search(says.format(attacker=_attacker_id(tmp_path)[-8:]), log)
+        assert took, f"the attack did not take: {out.row(clean.mean_loss)}\n{log[-3000:]}"
         return
     if name in HARMLESS_UNDEFENDED:
         assert not HARM[name](out, clean), f"the view no longer resists it: {out.row(clean.mean_loss)}"

@@ -29,9 +29,9 @@ ATTACKS: dict[str, tuple[Kind, float, str]] = {
     "donor": ("donor", 1e9, "serves poisoned state to joiners, advertised at round ARG"),
     "donor-late": (
         "donor",
-        100.0,
-        "serves the seed's weights at round ARG, advertised only once the swarm trains: what a peer"
-        " joining it later sees first",
+        60.0,
+        "serves the seed's weights ARG rounds ahead of the swarm's latest round, advertised only once"
+        " the swarm trains: what a peer joining it later sees first",
     ),
     "donor-momentum": (
         "donor",

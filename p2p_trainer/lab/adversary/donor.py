@@ -5,9 +5,9 @@ it) ranks it first among the donors (`net/state_sync.py: donor_order`) and, trus
 weights that are the seed's multiplied by -10, at a round that may be past the run's end
 (`donor`); or the seed's own weights, which any check of the weights passes, with an outer
 momentum a thousand times their size, which the first outer step turns into the same ruin
-(`donor-momentum`); or the seed's own weights at a round far ahead of a running swarm, advertised
-only once the swarm trains, for a peer that joins it later (`donor-late`): a joiner starts from
-the seed too, so only a second donor's state shows that the swarm's is not the seed.
+(`donor-momentum`); or the seed's own weights a fixed lead of rounds ahead of a running swarm,
+advertised only once the swarm trains, for a peer that joins it later (`donor-late`): a joiner
+starts from the seed too, so only a second donor's state shows that the swarm's is not the seed.
 """
 
 from __future__ import annotations
@@ -69,10 +69,24 @@ def seed_state(cfg: RunConfig, round: int) -> OuterState:
 POISONS = {"donor-momentum": poisoned_momentum, "donor-late": seed_state}
 
 
-def _swarm_trains(dht: DHTLike, run_name: str, me: str) -> bool:
-    """Two or more peers other than `me` publish a round of at least 2."""
+def _swarm_rounds(dht: DHTLike, run_name: str, me: str) -> list[int]:
+    """The rounds that the peers other than `me` publish (those still training)."""
     beats = records.read_heartbeats(dht, run_name, verify=False)
-    return sum(1 for b, _ in beats if b.peer_id != me and b.round >= 2) >= 2
+    return [b.round for b, _ in beats if b.peer_id != me and not b.leaving]
+
+
+def _swarm_trains(rounds: list[int]) -> bool:
+    """Two or more peers publish a round of at least 2."""
+    return sum(1 for r in rounds if r >= 2) >= 2
+
+
+def _ahead(current: int | None, latest: int, lead: int) -> int:
+    """`donor-late`'s round: `lead` rounds past the swarm's `latest`, moved on only once the swarm
+    has closed a quarter of the lead, so that a joiner's header and download of one state (which
+    names its round) seldom straddle a change."""
+    if current is None or current - latest < lead - lead // 4:
+        return latest + lead
+    return current
 
 
 def serve_poison(
@@ -89,29 +103,44 @@ def serve_poison(
     `signer` (the key of the node `transport` runs on). Returns the states served."""
     server = StateServer(transport, cfg.run_id())
     poison = POISONS.get(attack.name, poisoned_state)
-    server.publish(poison(cfg, int(attack.arg)), step_s=0.01)
+    late = attack.name == "donor-late"
+    # `donor-late`'s ARG is a lead over the swarm's round, which it serves once the swarm trains
+    served = None if late else int(attack.arg)
+    if served is not None:
+        server.publish(poison(cfg, served), step_s=0.01)
     me, ttl = transport.peer_id, cfg.network.heartbeat_ttl_s
     # `donor-late` stays out of sight while the swarm starts (its peers would take it for the
-    # lone donor of a running swarm): it advertises once the swarm trains
-    until = None if attack.name == "donor-late" else time.monotonic() + advertise_s
+    # lone donor of a running swarm): it advertises once the swarm trains, a lead ahead of it
+    until = None if late else time.monotonic() + advertise_s
     for tick in every(cfg.network.view_period_s / 2, stop):
-        if until is None:
+        if late:
             try:
-                if _swarm_trains(dht, run_name, me):
+                rounds = _swarm_rounds(dht, run_name, me)
+                if until is None and _swarm_trains(rounds):
                     until = time.monotonic() + advertise_s
-                    logger.warning("adversary: the swarm trains; advertising round %d", int(attack.arg))
+                    logger.warning(
+                        "adversary: the swarm trains; advertising %d rounds ahead", int(attack.arg)
+                    )
+                if until is not None and rounds:
+                    moved = _ahead(served, max(rounds), int(attack.arg))
+                    if moved != served:
+                        served = moved
+                        server.publish(poison(cfg, served), step_s=0.01)
             except Exception as exc:
                 logger.info("adversary: reading the swarm failed: %s", exc)
-        if until is not None and time.monotonic() < until:
+        if until is not None and served is not None and time.monotonic() < until:
             try:
-                body = beat(me, int(attack.arg))
+                body = beat(me, served)
                 records.seal_and_store(
                     dht, signer, records.heartbeat_key(run_name), me, body, records.now() + ttl
                 )
             except Exception as exc:  # keep serving whatever the DHT says
                 logger.info("adversary: advertising failed: %s", exc)
         if tick == 0:
-            logger.warning("adversary: donor %s ready, advertising round %d", me, int(attack.arg))
+            ahead = (
+                f"{int(attack.arg)} rounds ahead of the swarm once it trains" if late else f"round {served}"
+            )
+            logger.warning("adversary: donor %s ready, advertising %s", me, ahead)
         if tick % 20 == 0:
-            logger.warning("adversary: poisoned state served %d times", server.served)
+            logger.warning("adversary: poisoned state served %d times (round %s)", server.served, served)
     return server.served

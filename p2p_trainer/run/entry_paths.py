@@ -385,6 +385,8 @@ class Rejoin:
         self.penalties = penalties
         self.alone = 0
         self.contents = StateLossCheck(peer, peer.cfg.security.donor_loss_margin)
+        self._next_look = 0.0
+        """time.monotonic() before which a peer that looked and stayed does not look again."""
 
     def after_round(self, m: RoundMetrics) -> RejoinRecord | None:
         """Call after every round; returns a metrics record if the peer rejoined."""
@@ -393,13 +395,39 @@ class Rejoin:
         self.alone = alone_rounds(self.alone, m)
         if self.lag_rounds <= 0 or self.alone < self.lag_rounds:
             return None  # a peer that meets its groups never acts on (stale) heartbeat rounds
+        if time.monotonic() < self._next_look:
+            return None  # the heartbeats it would read are those it just read
         left = self._rejoin()
         if left is None:
+            self._next_look = time.monotonic() + self.view.period_s
             return None
         self.alone = 0
         return RejoinRecord(
             from_round=left, to_round=self.peer.state.round, catch_up_steps=self.peer.skip_steps
         )
+
+    def _served_target(self, others: dict[str, int], target: int) -> int | None:
+        """The rejoin target again, with the rounds the donors nearest `target` serve now (their
+        state headers: a tenth of a state each in their rate limits, `ServeLimits`) in place of
+        their heartbeats' estimates, which `others` takes. A heartbeat's round is up to two
+        periods old, and extrapolated by one round's throughput it overshoots where rounds
+        alternate between quick merges and waits: a peer in step with the swarm would download
+        states only to throw them away, and spend the rate limit a real rejoin needs."""
+        nearest = sorted(
+            (p for p in others if p not in self.contents.refused), key=lambda p: abs(others[p] - target)
+        )
+        timeout_s = self.peer.cfg.network.state_stall_timeout_s
+        for donor in nearest[:3]:
+            got = state_header(self.transport, donor, self.run_id, timeout_s)
+            if not isinstance(got, Failed):
+                others[donor] = got[0]
+        served = rejoin_target(self.peer.state.round, list(others.values()), self.lag_rounds)
+        if served is None:
+            logger.info(
+                "rejoin: the donors' headers put the swarm within reach (%s); kept own state",
+                ", ".join(f"{p[-8:]}@r{others[p]}" for p in nearest[:3]),
+            )
+        return served
 
     def _rejoin(self) -> int | None:
         peer, now = self.peer, records.now()
@@ -411,6 +439,8 @@ class Rejoin:
             if h.peer_id != self.transport.peer_id and not has_left(h, h.round)
         }
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        if target is not None:
+            target = self._served_target(others, target)
         against: list[str] = []
         if target is None and self.penalties is not None:
             against = outvoted(others, {p for p in others if self.penalties.excluded(p)})

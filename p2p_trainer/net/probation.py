@@ -126,7 +126,7 @@ class Prober:
     """A thread that probes the view's candidates (`candidates()`) with `probe(peer)` on an
     asyncio loop (`submit`), as `Probation` says; `seen()` is what the view may show.
 
-    Evidence besides a probe: `heard()`, peers that exchanged a message with this one (vouched),
+    Evidence besides a probe: `heard()`, peers that sent this one messages (vouched),
     and `probed_by()`, peers whose probe reached this one (probed back at once: a probe's opener
     proves only that it can dial out, not that it answers)."""
 

@@ -316,8 +316,8 @@ class SwarmView:
         submit: Callable[[Coroutine[Any, Any, bool]], concurrent.futures.Future[bool]],
         probed_by: Callable[[float], set[str]] = lambda _s: set(),
     ) -> None:
-        """In an open swarm with the defences on, show only peers seen alive: exchanging messages
-        with this one, or answering `probe(peer)` run by `submit` (`probation.py`; peers in
+        """In an open swarm with the defences on, show only peers seen alive: sending messages
+        to this one (`Transport.heard_within`), or answering `probe(peer)` run by `submit` (`probation.py`; peers in
         `probed_by(seconds)`, whose probes reached this one, are probed back at once); a closed
         swarm's view holds admitted peers only and needs no probes. Waits a few seconds for the
         peers in view."""
@@ -367,10 +367,9 @@ class SwarmView:
         beats = self.heartbeats()
         ids = {h.peer_id for h in beats}
         if self._heard is not None:
-            # a refused heartbeat outweighs messages: this peer sends to its group members and
-            # counts a send as hearing from them, so a forger drawn into one group while its
-            # heartbeat passed would otherwise stay in this view (and in its groups) for good,
-            # and in no other peer's
+            # a refused heartbeat outweighs messages: a forger drawn into one group while its
+            # heartbeat passed, and that sends, would otherwise stay in this view (and in its
+            # groups) for good, and in no other peer's
             with self._lock:
                 gone = self._left | self._refused
             ids |= self._heard(self.ttl_s) - gone

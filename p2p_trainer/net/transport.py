@@ -64,6 +64,9 @@ DIRECT_BACKOFF_MAX_S = 600.0
 """Longest wait before a peer that could not be dialled directly is tried that way again."""
 RELAY_STREAMS_FACTOR = 4
 """A relay may have this many times `security.sender_open_streams` relayed streams open at once."""
+HEARD_MEMORY = 3.0
+"""`heard_within`: how many times its window a peer's own last message may be old for a delivery
+to it to count as hearing from it."""
 VIEW_WAIT_S = 2.0
 """How long a stream from a peer not (yet) in the live view is held, unread, before it is closed:
 the view refreshes every view period, so a peer that has just joined enters it meanwhile. Its
@@ -303,9 +306,9 @@ class Transport:
         self.direct_sent = 0
         """Messages delivered over the direct data plane (also counted in `messages_sent`)."""
         self._last_heard: dict[str, float] = {}
-        """Peer id -> monotonic time a message from it arrived. A delivery to it does not count:
-        a host that takes every message and sends none (a member that never contributes) would
-        then stay live in the view of every peer whose groups it is drawn into, for good."""
+        """Peer id -> monotonic time a message from it arrived."""
+        self._last_reached: dict[str, float] = {}
+        """Peer id -> monotonic time a message to it was delivered (`heard_within`)."""
         self._hello_at: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._relay_probes: asyncio.Semaphore | None = None
         """Created on the transport's loop, at the first probe."""
@@ -413,6 +416,7 @@ class Transport:
     def _sent(self, peer_id: str, payload: bytes) -> None:
         self.bytes_sent += len(payload)
         self.messages_sent += 1
+        self._last_reached[peer_id] = time.monotonic()
 
     async def _send_relayed(
         self, relays: list[str], peer_id: str, header: dict[str, Any], payload: bytes
@@ -622,9 +626,19 @@ class Transport:
         return self.direct.refused if self.direct is not None else 0
 
     def heard_within(self, seconds: float) -> set[str]:
-        """Peers that sent this one a message within the last `seconds`."""
-        since = time.monotonic() - seconds
-        return {p for p, t in list(self._last_heard.items()) if t >= since}
+        """Peers that sent this one a message within the last `seconds`, and those that took one
+        from it within them and sent one within HEARD_MEMORY times them.
+
+        A peer whose uplink is full sends late, its heartbeat too, while what this peer sends it
+        still arrives: a delivery keeps it live. But a delivery alone is no sign of taking part:
+        a host that takes every message and sends none (a member that never contributes) would
+        stay live in the view of each peer whose groups it is drawn into, for good, renewed by
+        their own sends. So a delivery counts only for a peer that has itself sent lately."""
+        now = time.monotonic()
+        since, memory = now - seconds, now - HEARD_MEMORY * seconds
+        heard = {p for p, t in list(self._last_heard.items()) if t >= since}
+        talked = {p for p, t in list(self._last_heard.items()) if t >= memory}
+        return heard | {p for p, t in list(self._last_reached.items()) if t >= since and p in talked}
 
     def close(self) -> None:
         if self.direct_sent:

@@ -295,17 +295,26 @@ def test_streams_are_bounded_per_sender_and_in_time() -> None:
 
 def test_only_a_peer_that_sends_counts_as_heard_not_one_that_only_takes() -> None:
     # a host that takes every message and sends none (a member that never contributes) must not
-    # stay live in the view of the peers whose groups it is drawn into by their own deliveries
+    # stay live in the view of the peers whose groups it is drawn into by their own deliveries;
+    # a peer whose uplink is full, whose own messages are late, stays live by deliveries to it
+    # while it has sent within HEARD_MEMORY windows
     transport = _Offline(cast(DHT, None), max_payload_bytes=1 << 20, security=SecurityConfig())
+    window = 0.2
+
+    async def arrive(sender: str) -> None:  # the mailbox lives on the transport's loop
+        transport._deliver(sender, {"key": f"run/x|c|{sender}"}, b"y")
+
     try:
-        transport._sent("silent", b"x" * 10)  # a delivery to it, as every send path records it
-
-        async def arrive() -> None:  # the mailbox lives on the transport's loop
-            transport._deliver("talker", {"key": "run/x|c|0"}, b"y")
-
-        transport.run(arrive(), timeout_s=5)
-        assert transport.heard_within(60) == {"talker"}
-        assert transport.messages_sent == 1 and transport.bytes_sent == 10
+        transport.run(arrive("busy"), timeout_s=5)
+        time.sleep(1.5 * window)  # its last message is older than the window, not than 3 of them
+        transport._sent("silent", b"x" * 10)  # deliveries, as every send path records them
+        transport._sent("busy", b"x" * 10)
+        transport.run(arrive("talker"), timeout_s=5)
+        assert transport.heard_within(window) == {"talker", "busy"}
+        assert transport.messages_sent == 2 and transport.bytes_sent == 20
+        time.sleep(2 * window)  # busy's own message is now over 3 windows old
+        transport._sent("busy", b"x")
+        assert transport.heard_within(window) == set()
     finally:
         transport.close()
 

@@ -6,6 +6,7 @@ peer back to the majority's round; the rest are the pure rules they follow.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import time
@@ -366,6 +367,13 @@ def estimated_round(beat: Heartbeat, now: float, tokens_per_round: int) -> int:
     return beat.round + (int(min(rounds_since, 1e9)) if math.isfinite(rounds_since) else 0)
 
 
+HEADER_TIMEOUT_S = 3.0
+"""How long a rejoin waits for a donor's state header (all asked at once): a live donor answers
+within a round trip, and one that does not is left out of that look's downloads."""
+ASKED_DONORS = 5
+"""How many donors, nearest the target, a rejoin asks for the round they serve."""
+
+
 class Rejoin:
     """Brings a peer back to the swarm's round after `lag_rounds` rounds that merged with no one."""
 
@@ -406,28 +414,48 @@ class Rejoin:
             from_round=left, to_round=self.peer.state.round, catch_up_steps=self.peer.skip_steps
         )
 
-    def _served_target(self, others: dict[str, int], target: int) -> int | None:
+    def _served_target(self, others: dict[str, int], target: int) -> tuple[int | None, set[str]]:
         """The rejoin target again, with the rounds the donors nearest `target` serve now (their
         state headers: a tenth of a state each in their rate limits, `ServeLimits`) in place of
-        their heartbeats' estimates, which `others` takes. A heartbeat's round is up to two
-        periods old, and extrapolated by one round's throughput it overshoots where rounds
-        alternate between quick merges and waits: a peer in step with the swarm would download
-        states only to throw them away, and spend the rate limit a real rejoin needs."""
+        their heartbeats' estimates, which `others` takes; and the donors asked that cannot be
+        downloaded from in this look (no header within HEADER_TIMEOUT_S, or, with the defences
+        on, a round its window refuses). A heartbeat's round is up to two periods old, and
+        extrapolated by one round's throughput it overshoots where rounds alternate between
+        quick merges and waits: a peer in step with the swarm would download states only to
+        throw them away, and spend the rate limit a real rejoin needs."""
+        peer, sec = self.peer, self.peer.cfg.security
         nearest = sorted(
             (p for p in others if p not in self.contents.refused), key=lambda p: abs(others[p] - target)
+        )[:ASKED_DONORS]
+        median = median_round([peer.state.round, *others.values()])
+        timeout_s = min(peer.cfg.network.state_stall_timeout_s, HEADER_TIMEOUT_S)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(nearest))) as pool:
+            headers = list(
+                pool.map(lambda d: state_header(self.transport, d, self.run_id, timeout_s), nearest)
+            )
+        unusable: set[str] = set()
+        for donor, got in zip(nearest, headers, strict=True):
+            if isinstance(got, Failed):
+                refusal: str | None = got.reason
+            else:
+                rnd = got[0]
+                refusal = (
+                    round_refusal(rnd, median, peer.cfg.rounds, sec.round_window) if sec.defences else None
+                )
+            if refusal is not None:
+                logger.info("rejoin: donor %s left out of this look: %s", donor[-8:], refusal.splitlines()[0])
+                unusable.add(donor)
+            else:
+                others[donor] = rnd
+        served = rejoin_target(
+            peer.state.round, [r for p, r in others.items() if p not in unusable], self.lag_rounds
         )
-        timeout_s = self.peer.cfg.network.state_stall_timeout_s
-        for donor in nearest[:3]:
-            got = state_header(self.transport, donor, self.run_id, timeout_s)
-            if not isinstance(got, Failed):
-                others[donor] = got[0]
-        served = rejoin_target(self.peer.state.round, list(others.values()), self.lag_rounds)
         if served is None:
             logger.info(
                 "rejoin: the donors' headers put the swarm within reach (%s); kept own state",
-                ", ".join(f"{p[-8:]}@r{others[p]}" for p in nearest[:3]),
+                ", ".join(f"{p[-8:]}@r{others[p]}" for p in nearest if p not in unusable),
             )
-        return served
+        return served, unusable
 
     def _rejoin(self) -> int | None:
         peer, now = self.peer, records.now()
@@ -439,8 +467,9 @@ class Rejoin:
             if h.peer_id != self.transport.peer_id and not has_left(h, h.round)
         }
         target = rejoin_target(peer.state.round, list(others.values()), self.lag_rounds)
+        unusable: set[str] = set()
         if target is not None:
-            target = self._served_target(others, target)
+            target, unusable = self._served_target(others, target)
         against: list[str] = []
         if target is None and self.penalties is not None:
             against = outvoted(others, {p for p in others if self.penalties.excluded(p)})
@@ -455,7 +484,7 @@ class Rejoin:
         if target is None:
             return None
         left = peer.state.round
-        candidates = [p for p in against or list(others) if p not in self.contents.refused]
+        candidates = [p for p in against or list(others) if p not in self.contents.refused | unusable]
         if candidates and peer.cfg.security.defences:
             self.contents.prepare()
         for donor in sorted(candidates, key=lambda p: (abs(others[p] - target), -others[p]))[:3]:

@@ -99,17 +99,22 @@ def test_a_peer_far_behind_the_rounds_donors_serve_downloads_from_them(
     assert sorted(downloads) == ["a", "b"]
 
 
-def test_a_donor_that_does_not_answer_keeps_its_heartbeats_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
-    beats = [_beat("a", 84, 2.0, 0.0), _beat("b", 84, 2.0, 0.0)]
+def test_donors_that_do_not_answer_or_claim_an_impossible_round_are_not_downloaded_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    beats = [_beat("a", 84, 2.0, 0.0), _beat("b", 84, 2.0, 0.0), _beat("c", 84, 2.0, 0.0)]
+    served: dict[str, Any] = {"a": Failed("no answer"), "b": (10**9, "digest"), "c": (84, "digest")}
     downloads: list[str] = []
 
     def download(_t: Any, donor: str, *_args: Any) -> Failed:
         downloads.append(donor)
         return Failed("refused")
 
-    monkeypatch.setattr(entry_paths, "state_header", lambda *_a: Failed("no answer"))
+    monkeypatch.setattr(entry_paths, "state_header", lambda _t, donor, *_a: served[donor])
     monkeypatch.setattr(entry_paths, "download_state", download)
     rejoin = _rejoin(11, beats)
     for r in range(LAG):
         rejoin.after_round(_alone(11 + r))
-    assert sorted(downloads) == ["a", "b"]
+    # a silent donor would cost a stall timeout, and a round past the run's end (the defences'
+    # window) says the donor lies: only c, which answered at a possible round, is tried
+    assert downloads == ["c"]

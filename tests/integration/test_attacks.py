@@ -111,9 +111,18 @@ LONG_TIMEOUT = pytest.mark.timeout(720)
 """For a LONG_ROUNDS arm: its own run and, the first time, the clean run of that length."""
 
 
+def _timeout_s(rounds: int) -> float:
+    """How long the honest peers may take: 180 s for ROUNDS, more for longer runs."""
+    return 180.0 * max(1.0, rounds / ROUNDS) ** 0.5
+
+
 def _arm(name: str, bench: bool) -> Any:
     marks = [pytest.mark.bench] if bench else []
-    return pytest.param(name, marks=[*marks, LONG_TIMEOUT] if name in LONG_ARMS else marks)
+    if name == LATE_DONOR:  # its own run and its clean run may each take the arena's whole wait
+        marks.append(pytest.mark.timeout(2 * _timeout_s(LATE_ROUNDS) + 60))
+    elif name in LONG_ARMS:
+        marks.append(LONG_TIMEOUT)
+    return pytest.param(name, marks=marks)
 
 
 DEFENDED = [_arm(name, bench=name not in IN_MAKE_TEST) for name in ATTACKS]
@@ -130,15 +139,13 @@ def _rounds(name: str) -> int:
     return LONG_ROUNDS if name in LONG_ARMS else ROUNDS
 
 
-def _config(defences: bool, rounds: int = ROUNDS) -> RunConfig:
-    h = LATE_H if rounds == LATE_ROUNDS else H
+def _h(name: str) -> int:
+    return LATE_H if name == LATE_DONOR else H
+
+
+def _config(defences: bool, rounds: int = ROUNDS, h: int = H) -> RunConfig:
     cfg = tiny_config("factored", rounds=rounds, h=h, **BOUNDED_WAITS)
     return dataclasses.replace(cfg, security=SecurityConfig(defences=defences))
-
-
-def _timeout_s(rounds: int) -> float:
-    """How long the honest peers may take: 180 s for ROUNDS, more for longer runs."""
-    return 180.0 * max(1.0, rounds / ROUNDS) ** 0.5
 
 
 def _clean_run(
@@ -146,7 +153,7 @@ def _clean_run(
 ) -> Outcome:
     out = run_attack(
         tmp_path_factory.mktemp("clean"),
-        _config(True, rounds),
+        _config(True, rounds, LATE_H if late else H),
         None,
         timeout_s=_timeout_s(rounds),
         restart=restart,
@@ -193,7 +200,8 @@ def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
 def _attacked(tmp_path: Path, name: str, defences: bool, clean: Outcome) -> Outcome:
     attack = parse_attack(name)
     rounds = _rounds(name)
-    out = run_attack(tmp_path, _config(defences, rounds), attack, timeout_s=_timeout_s(rounds))
+    cfg = _config(defences, rounds, _h(name))
+    out = run_attack(tmp_path, cfg, attack, timeout_s=_timeout_s(rounds))
     print(f"\n[defences {'on' if defences else 'off'}] {out.row(clean.mean_loss)}")
     assert ACTED[attack.kind] in out.attacker_log, f"the attacker never acted:\n{out.attacker_log[-2000:]}"
     if attack.kind == "records":  # it logs its counts from the start, 0 until it has something to store
@@ -314,8 +322,11 @@ was within 0.1% of the control's (7 Dec 2026)."""
 
 
 def _attacker_id(run_dir: Path) -> str:
-    """The peer id of a run's donor attacker (its key is in the run's key folder)."""
-    return load_or_create_identity(run_dir / "keys" / "attacker.key").peer_id
+    """The peer id of a run's donor attacker (its key is in the run's key folder, or the arena
+    would have raised: the attacker did not start)."""
+    path = run_dir / "keys" / "attacker.key"
+    assert path.exists(), f"no attacker key at {path}"
+    return load_or_create_identity(path).peer_id
 
 
 HARMLESS_UNDEFENDED = {"replay"}

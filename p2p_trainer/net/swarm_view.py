@@ -317,8 +317,9 @@ class SwarmView:
         probed_by: Callable[[float], set[str]] = lambda _s: set(),
     ) -> None:
         """In an open swarm with the defences on, show only peers seen alive: sending messages
-        to this one (`Transport.heard_within`), or answering `probe(peer)` run by `submit` (`probation.py`; peers in
-        `probed_by(seconds)`, whose probes reached this one, are probed back at once); a closed
+        to this one (`Transport.heard_within`), or answering `probe(peer)` run by `submit`
+        (`probation.py`; peers in `probed_by(seconds)`, whose probes reached this one, are
+        probed back at once); a closed
         swarm's view holds admitted peers only and needs no probes. Waits a few seconds for the
         peers in view."""
         if not (self.defences and self.admission.open):

@@ -636,8 +636,8 @@ class Transport:
         their own sends. So a delivery counts only for a peer that has itself sent lately."""
         now = time.monotonic()
         since, memory = now - seconds, now - HEARD_MEMORY * seconds
-        heard = {p for p, t in list(self._last_heard.items()) if t >= since}
-        talked = {p for p, t in list(self._last_heard.items()) if t >= memory}
+        talked = {p: t for p, t in list(self._last_heard.items()) if t >= memory}
+        heard = {p for p, t in talked.items() if t >= since}
         return heard | {p for p, t in list(self._last_reached.items()) if t >= since and p in talked}
 
     def close(self) -> None:

@@ -203,8 +203,13 @@ def _baseline(name: str, request: pytest.FixtureRequest) -> Outcome:
     if name == LATE_DONOR:
         late: Outcome = request.getfixturevalue("clean_late")
         return late
-    fixtures = {ROUNDS: "clean", LONG_ROUNDS: "clean_long", RESTART_ROUNDS: "clean_restart"}
-    fixture = {VIEW_ROUNDS: "clean_view", **fixtures}[_rounds(name)]
+    fixtures = {
+        ROUNDS: "clean",
+        LONG_ROUNDS: "clean_long",
+        RESTART_ROUNDS: "clean_restart",
+        VIEW_ROUNDS: "clean_view",
+    }
+    fixture = fixtures[_rounds(name)]
     out: Outcome = request.getfixturevalue(fixture)
     return out
 
